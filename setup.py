@@ -1,0 +1,33 @@
+"""Packaging for hvd_sched: Detectron's solver schedule for Keras on Horovod."""
+
+import pathlib
+import re
+
+from setuptools import find_packages, setup
+
+_HERE = pathlib.Path(__file__).parent
+_VERSION = re.search(r'__version__ = "([^"]+)"', (_HERE / "hvd_sched" / "_version.py").read_text()).group(1)
+
+# The pinned training stack lives in scripts/versions.env and is installed by scripts/install.sh (Horovod must be
+# built from source against the installed TensorFlow, which pip's resolver cannot do). These are the versions
+# hvd_sched.keras is tested with; tests/unit/test_versions.py asserts they agree with versions.env and docker/.
+TENSORFLOW_VERSION = "2.15.1"
+HOROVOD_VERSION = "0.28.1"
+
+setup(
+    name="hvd_sched",
+    version=_VERSION,
+    description="Detectron's solver (warmup, steps, momentum correction, LR multipliers) for Keras on Horovod",
+    long_description=(_HERE / "README.md").read_text() if (_HERE / "README.md").exists() else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.11,<3.12",
+    packages=find_packages(include=["hvd_sched", "hvd_sched.*"]),
+    install_requires=["numpy<2", "PyYAML>=5.4"],
+    extras_require={
+        # The Keras glue; Horovod itself comes from scripts/install.sh (built against this TensorFlow).
+        "keras": [f"tensorflow-cpu=={TENSORFLOW_VERSION}"],
+        "plot": ["matplotlib>=3.7"],
+        "test": ["pytest>=7", "hypothesis>=6", "scikit-learn>=1.3", "matplotlib>=3.7", "pytest-timeout>=2"],
+    },
+    entry_points={"console_scripts": ["hvd-sched=hvd_sched.cli:main"]},
+)

@@ -1,0 +1,99 @@
+"""Shared fixtures: `run_ranks` launches a Python script on N real Horovod ranks (Gloo) and returns their results."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"
+
+
+def _env(out_dir, extra=None):
+    env = dict(os.environ)
+    env["HVD_SCHED_TEST_OUT"] = str(out_dir)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(TESTS), env.get("PYTHONPATH", "")])
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env["PYTHONUNBUFFERED"] = "1"
+    # Each rank gets one intra-op thread: two ranks share two cores, and results must not depend on threading.
+    env.setdefault("TF_NUM_INTRAOP_THREADS", "1")
+    env.setdefault("TF_NUM_INTEROP_THREADS", "1")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(extra or {})
+    return env
+
+
+def horovodrun_cmd(np_, script, args=()):
+    """The command a user types: `horovodrun -np N -H localhost:N --gloo python script ...`."""
+    horovodrun = pathlib.Path(sys.executable).with_name("horovodrun")
+    return [str(horovodrun), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo",
+            sys.executable, str(script), *map(str, args)]
+
+
+class RankFailure(AssertionError):
+    pass
+
+
+def _run(cmd, out_dir, np_, timeout, env_extra, expect_results=True):
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        proc = subprocess.run(cmd, env=_env(out_dir, env_extra), cwd=str(out_dir), capture_output=True,
+                              text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise RankFailure(f"{' '.join(cmd)} did not finish within {timeout}s\n--- stdout ---\n{exc.stdout}\n"
+                          f"--- stderr ---\n{exc.stderr}") from None
+    results = []
+    missing = []
+    for rank in range(np_):
+        path = out_dir / f"rank{rank}.json"
+        if path.exists():
+            results.append(json.loads(path.read_text()))
+        else:
+            missing.append(rank)
+    if proc.returncode != 0 or (expect_results and missing):
+        raise RankFailure(f"{' '.join(cmd)} exited {proc.returncode}; ranks without a result: {missing}\n"
+                          f"--- stdout (all ranks) ---\n{proc.stdout[-20000:]}\n"
+                          f"--- stderr (all ranks) ---\n{proc.stderr[-20000:]}")
+    return results, proc
+
+
+@pytest.fixture
+def run_ranks(tmp_path):
+    """run_ranks(source, np=2, timeout=240, env=None) -> list of each rank's `emit(...)` result, by rank.
+
+    `source` is the text of a Python script; it runs under real `horovodrun -np N --gloo` and must call
+    `rankutil.emit(result)` once per rank. A failing rank fails the test with every rank's stdout and stderr.
+    """
+    counter = {"n": 0}
+
+    def run(source, np=2, timeout=240, env=None, args=()):
+        counter["n"] += 1
+        work = tmp_path / f"job{counter['n']}"
+        work.mkdir()
+        script = work / "rank_script.py"
+        script.write_text(textwrap.dedent(source))
+        results, _ = _run(horovodrun_cmd(np, script, args), work, np, timeout, env)
+        return results
+
+    return run
+
+
+@pytest.fixture
+def run_single(tmp_path):
+    """run_single(source, timeout=240) -> the `emit(result, rank=0)` result of a plain (non-Horovod) process."""
+    counter = {"n": 0}
+
+    def run(source, timeout=240, env=None, args=()):
+        counter["n"] += 1
+        work = tmp_path / f"single{counter['n']}"
+        work.mkdir()
+        script = work / "single_script.py"
+        script.write_text(textwrap.dedent(source))
+        results, _ = _run([sys.executable, str(script), *map(str, args)], work, 1, timeout, env)
+        return results[0]
+
+    return run

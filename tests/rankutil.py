@@ -1,0 +1,49 @@
+"""Helpers imported by the scripts that tests run under `horovodrun` (and by the tests that launch them).
+
+A rank script calls `emit(result)` once; the launcher collects one JSON file per rank. Keeping these in one
+module means every multi-rank test builds its model and data the same way.
+"""
+
+import json
+import os
+
+import numpy as np
+
+__all__ = ["emit", "make_regression", "to_list"]
+
+
+def to_list(value):
+    """JSON-friendly copy of numpy arrays / lists of arrays."""
+    if isinstance(value, dict):
+        return {k: to_list(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_list(v) for v in value]
+    if hasattr(value, "numpy"):
+        value = value.numpy()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def emit(result, rank=None):
+    """Write this rank's result as JSON where the launcher looks for it."""
+    out_dir = os.environ["HVD_SCHED_TEST_OUT"]
+    if rank is None:
+        import horovod.tensorflow.keras as hvd  # only imported inside rank processes
+
+        rank = hvd.rank()
+    path = os.path.join(out_dir, f"rank{rank}.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(to_list(result), f)
+    os.replace(path + ".tmp", path)
+
+
+def make_regression(n=64, d=5, k=3, seed=0):
+    """A small dense regression problem: float32 inputs x (n, d) and targets y (n, k)."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, d)).astype(np.float32)
+    w = rng.normal(size=(d, k)).astype(np.float32)
+    y = (np.tanh(x @ w) + 0.1 * rng.normal(size=(n, k))).astype(np.float32)
+    return x, y
