@@ -3,6 +3,7 @@
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 import textwrap
@@ -40,12 +41,20 @@ class RankFailure(AssertionError):
 
 def _run(cmd, out_dir, np_, timeout, env_extra, expect_results=True):
     out_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        proc = subprocess.run(cmd, env=_env(out_dir, env_extra), cwd=str(out_dir), capture_output=True,
-                              text=True, timeout=timeout)
-    except subprocess.TimeoutExpired as exc:
-        raise RankFailure(f"{' '.join(cmd)} did not finish within {timeout}s\n--- stdout ---\n{exc.stdout}\n"
-                          f"--- stderr ---\n{exc.stderr}") from None
+    stdout_path, stderr_path = out_dir / "stdout.txt", out_dir / "stderr.txt"
+    with open(stdout_path, "w") as out, open(stderr_path, "w") as err:
+        # A new session, so a hang kills horovodrun *and* every rank it started.
+        proc = subprocess.Popen(cmd, env=_env(out_dir, env_extra), cwd=str(out_dir), stdout=out, stderr=err,
+                                text=True, start_new_session=True)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise RankFailure(f"{' '.join(cmd)} did not finish within {timeout}s\n--- stdout ---\n"
+                              f"{stdout_path.read_text()[-20000:]}\n--- stderr ---\n"
+                              f"{stderr_path.read_text()[-20000:]}") from None
+    proc.stdout, proc.stderr = stdout_path.read_text(), stderr_path.read_text()
     results = []
     missing = []
     for rank in range(np_):

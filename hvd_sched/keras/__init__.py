@@ -1,0 +1,25 @@
+"""Keras glue for hvd_sched (imports TensorFlow; `import hvd_sched` alone does not).
+
+- `ScheduledOptimizer(optimizer, schedule, ...)`: LR from `optimizer.iterations` in-graph, momentum slots
+  rescaled in-graph when the LR jumps, per-variable LR multipliers. Wrap it with `hvd.DistributedOptimizer`.
+- `ScheduleCallback(schedule, ...)`: the same schedule and correction for a plain optimizer.
+- `LearningRateLogger`: `learning_rate` in Keras logs for a ScheduledOptimizer.
+- `horovod_callbacks(...)`: broadcast, metric averaging and the LR callback, in order.
+- `ScheduleLR(schedule)`: the schedule as a Keras LearningRateSchedule (no correction).
+
+Example:
+    >>> import tensorflow as tf, horovod.tensorflow.keras as hvd, hvd_sched
+    >>> from hvd_sched.keras import ScheduledOptimizer, horovod_callbacks
+    >>> hvd.init()
+    >>> schedule = hvd_sched.from_detectron("examples/configs/digits_warmup_steps.yaml")
+    >>> opt = hvd.DistributedOptimizer(ScheduledOptimizer(tf.keras.optimizers.SGD(momentum=0.9), schedule))
+    >>> model.compile(opt, "sparse_categorical_crossentropy", metrics=["accuracy"])
+    >>> model.fit(x, y, epochs=8, callbacks=horovod_callbacks())
+"""
+
+from .callbacks import LearningRateLogger, ScheduleCallback, horovod_callbacks
+from .lr_schedule import ScheduleLR
+from .optimizer import ScheduledOptimizer, custom_objects, is_scheduled, scheduled_class
+
+__all__ = ["ScheduledOptimizer", "ScheduleCallback", "LearningRateLogger", "horovod_callbacks", "ScheduleLR",
+           "is_scheduled", "scheduled_class", "custom_objects"]

@@ -1,0 +1,204 @@
+"""Keras callbacks: the schedule for users who keep their own optimizer, LR logging, and Horovod's usual list.
+
+All state is the optimizer's iteration counter (read once per epoch), so a resumed `model.fit` continues the
+schedule where the checkpoint left it.
+"""
+
+import sys
+
+import tensorflow as tf
+
+from . import _slots
+from ._tables import as_schedule, correction_table, lr_table
+from .optimizer import is_scheduled
+
+__all__ = ["ScheduleCallback", "LearningRateLogger", "horovod_callbacks"]
+
+LOG_KEY = "learning_rate"
+
+
+def _say(message):
+    if _slots.rank() == 0:
+        print(f"hvd_sched: {message}", file=sys.stdout, flush=True)
+
+
+class _IterationTracker(tf.keras.callbacks.Callback):
+    """Knows the global iteration of each batch without reading the device every batch."""
+
+    def __init__(self):
+        super().__init__()
+        self._epoch_start = 0
+
+    def _read_iterations(self):
+        return int(tf.keras.backend.get_value(self.model.optimizer.iterations))
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_start = self._read_iterations()
+
+    def _iteration(self, batch):
+        return self._epoch_start + int(batch)
+
+
+class ScheduleCallback(_IterationTracker):
+    """Sets the optimizer's LR from `schedule` at each batch and rescales its momentum slots when due.
+
+    For users who keep their own optimizer (e.g. `hvd.DistributedOptimizer(tf.keras.optimizers.SGD(...))`).
+    At the beginning of the batch run at iteration `it` it sets the LR to `schedule.lr_at(it)` and, on the
+    iterations of `schedule.momentum_corrections`, multiplies every momentum slot by new_lr/old_lr (Detectron's
+    `_CorrectMomentum`) before that step's update. The same weights as `ScheduledOptimizer` come out (tested).
+    It writes `learning_rate` into the batch and epoch logs (the epoch value is the LR of the epoch's last batch).
+
+    Example:
+        >>> opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(momentum=0.9))
+        >>> model.compile(opt, "mse")
+        >>> model.fit(x, y, callbacks=hvd_sched.keras.horovod_callbacks(ScheduleCallback(schedule)))
+
+    Args:
+        schedule: an `hvd_sched.Schedule` (or its `get_config()` dict).
+        momentum_correction: as for `ScheduledOptimizer` (None follows the schedule).
+        correction_threshold: overrides the schedule's SCALE_MOMENTUM_THRESHOLD.
+        verbose: 1 prints one line on rank 0 at each correction.
+    """
+
+    def __init__(self, schedule, momentum_correction=None, correction_threshold=None, verbose=1):
+        super().__init__()
+        self.schedule = as_schedule(schedule)
+        if correction_threshold is not None and not (isinstance(correction_threshold, (int, float))
+                                                     and not isinstance(correction_threshold, bool)
+                                                     and correction_threshold >= 1):
+            raise ValueError(f"correction_threshold must be a number >= 1, got {correction_threshold!r}")
+        self.momentum_correction = momentum_correction
+        self.correction_threshold = correction_threshold
+        self.verbose = verbose
+        self._lrs = lr_table(self.schedule)
+        self._corrections = {}
+        self._last_lr = None
+        self._lr = None
+
+    def on_train_begin(self, logs=None):
+        optimizer = self.model.optimizer
+        if is_scheduled(optimizer):
+            raise ValueError("the optimizer is a ScheduledOptimizer, which already follows its schedule; use "
+                             "ScheduleCallback with a plain optimizer, or LearningRateLogger for logging only")
+        if not isinstance(optimizer.learning_rate, tf.Variable):
+            raise TypeError(f"ScheduleCallback sets the optimizer's learning rate, which must be a float, got "
+                            f"{type(optimizer.learning_rate).__name__}; create the optimizer with a float "
+                            "learning_rate")
+        steps_per_execution = getattr(self.model, "_steps_per_execution", None)
+        if steps_per_execution is not None and int(tf.keras.backend.get_value(steps_per_execution)) != 1:
+            raise ValueError("ScheduleCallback sets the LR once per batch and needs model.compile("
+                             "steps_per_execution=1); use ScheduledOptimizer, which schedules in-graph")
+        mode = _slots.resolve_correction_mode(optimizer, self.schedule, self.momentum_correction)
+        threshold = (self.schedule.scale_momentum_threshold if self.correction_threshold is None
+                     else float(self.correction_threshold))
+        iterations, factors = correction_table(self.schedule, mode, threshold)
+        self._corrections = dict(zip(iterations.tolist(), factors.tolist()))
+        self._last_lr = None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        it = self._iteration(batch)
+        lr = self._lrs[min(it, self._lrs.shape[0] - 1)]
+        optimizer = self.model.optimizer
+        if lr != self._last_lr:
+            optimizer.learning_rate.assign(lr)
+            self._last_lr = lr
+        factor = self._corrections.get(it)
+        if factor is not None:
+            for slot in _slots.all_momentum_slots(optimizer, self.model):
+                slot.assign(slot * tf.cast(factor, slot.dtype))
+            if self.verbose:
+                _say(f"momentum correction at iteration {it}: lr {float(self._lrs[it - 1]):.6g} -> "
+                     f"{float(lr):.6g}, momentum slots scaled by {factor:.6g}")
+        self._lr = float(lr)
+
+    def on_train_batch_end(self, batch, logs=None):
+        if logs is not None:
+            logs[LOG_KEY] = self._lr
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None and self._lr is not None:
+            logs[LOG_KEY] = self._lr
+
+
+class LearningRateLogger(_IterationTracker):
+    """Writes the scheduled LR into Keras' batch and epoch logs (key `learning_rate`) for History/TensorBoard.
+
+    Use it with `ScheduledOptimizer` (whose LR lives in the graph). The value of a batch is
+    `schedule.lr_at(it)` for the iteration that batch ran; the epoch value is the LR of the epoch's last batch.
+    Put it before TensorBoard/CSVLogger in the callback list (`horovod_callbacks` does).
+
+    Args:
+        schedule: the schedule; default: the one of the model's ScheduledOptimizer.
+        per_batch: also write batch logs (costs a Python call per batch; the epoch value is always written).
+    """
+
+    def __init__(self, schedule=None, per_batch=True):
+        super().__init__()
+        self.schedule = None if schedule is None else as_schedule(schedule)
+        self.per_batch = per_batch
+        self._lrs = None if self.schedule is None else lr_table(self.schedule)
+        self._last_batch = None
+        if not per_batch:
+            # Keras skips batch hooks still marked as the default, which keeps the training loop fast.
+            self.on_train_batch_end = tf.keras.callbacks.Callback.on_train_batch_end.__get__(self)
+
+    def on_train_begin(self, logs=None):
+        if self._lrs is None:
+            optimizer = self.model.optimizer
+            if not is_scheduled(optimizer):
+                raise ValueError("LearningRateLogger() without a schedule needs a model compiled with a "
+                                 "ScheduledOptimizer; pass the schedule explicitly otherwise")
+            self.schedule = optimizer.schedule
+            self._lrs = lr_table(self.schedule)
+
+    def _lr_of(self, batch):
+        return float(self._lrs[min(self._iteration(batch), self._lrs.shape[0] - 1)])
+
+    def on_train_batch_end(self, batch, logs=None):  # replaced per instance when per_batch=False
+        self._last_batch = batch
+        if logs is not None:
+            logs[LOG_KEY] = self._lr_of(batch)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is None:
+            return
+        if self._last_batch is None:  # batch hooks off: the epoch ran up to the current iteration
+            logs[LOG_KEY] = float(self._lrs[min(max(self._read_iterations() - 1, 0), self._lrs.shape[0] - 1)])
+        else:
+            logs[LOG_KEY] = self._lr_of(self._last_batch)
+        self._last_batch = None
+
+
+def horovod_callbacks(schedule_callback=None, *, root_rank=0, average_metrics=True, log_lr=True,
+                      per_batch_lr=True):
+    """The usual callback list of a Horovod Keras job, in the order that works.
+
+    1. `hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank)`: rank 0's weights and optimizer state to all
+       (at the end of the first batch, once the slots exist);
+    2. `hvd.callbacks.MetricAverageCallback()`: epoch metrics averaged over ranks, before anything logs them;
+    3. `schedule_callback` (a ScheduleCallback) if given, else a `LearningRateLogger` (for ScheduledOptimizer).
+
+    Append checkpointing/TensorBoard callbacks after these (on rank 0 only for checkpoints).
+
+    Args:
+        schedule_callback: a ScheduleCallback for users who keep their own optimizer, or None.
+        root_rank: the rank whose variables are broadcast.
+        average_metrics: include MetricAverageCallback.
+        log_lr: include a LearningRateLogger when no schedule_callback is given.
+        per_batch_lr: the logger also writes batch logs.
+
+    Returns:
+        A list of callbacks for `model.fit(callbacks=...)`.
+    """
+    import horovod.tensorflow.keras as hvd
+
+    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank)]
+    if average_metrics:
+        callbacks.append(hvd.callbacks.MetricAverageCallback())
+    if schedule_callback is not None:
+        if not isinstance(schedule_callback, ScheduleCallback):
+            raise TypeError(f"schedule_callback must be a ScheduleCallback, got {type(schedule_callback).__name__}")
+        callbacks.append(schedule_callback)
+    elif log_lr:
+        callbacks.append(LearningRateLogger(per_batch=per_batch_lr))
+    return callbacks

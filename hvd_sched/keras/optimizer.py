@@ -1,0 +1,337 @@
+"""`ScheduledOptimizer`: Detectron's solver inside a Keras optimizer, composable with `hvd.DistributedOptimizer`.
+
+Like `hvd.DistributedOptimizer`, `ScheduledOptimizer(opt, schedule)` returns an instance of a subclass of
+`type(opt)` rebuilt from `opt.get_config()`. The subclass
+
+- sets the learning rate to `ScheduleLR(schedule)`: the LR at `optimizer.iterations`, gathered in-graph from an
+  exact float32 table of `schedule.lr_at` (no Python per batch);
+- before the update of a step whose LR jumped (Detectron's `_SetNewLr` rule, or every change, or never),
+  multiplies every momentum slot by new_lr/old_lr inside the same compiled step. Keras' SGD slot is
+  m = mu*m - lr*g, the negative of Detectron's V = mu*V + lr*g, so the same factor applies (also for Nesterov,
+  whose update reads the same slot). The rescale sits in a `tf.cond` on a table lookup, so steps without a
+  correction pay one searchsorted and nothing else;
+- applies `lr_multipliers` (variable-name regex -> factor): matching variables use lr * factor, as the seed's
+  lr_x = lr * LR_FACTOR (Detectron's own convention gives biases 2x the LR);
+- serializes every option in `get_config()`, so `hvd.DistributedOptimizer`'s `from_config` rebuild,
+  `model.save` and `tf.keras.models.load_model` keep the schedule.
+
+Wrap in this order: `hvd.DistributedOptimizer(ScheduledOptimizer(SGD(...), schedule))`; Horovod then
+allreduces the gradients and this class's update runs on the averaged gradients.
+"""
+
+import re
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+from . import _slots
+from ._tables import as_schedule, correction_table
+from .lr_schedule import ScheduleLR
+
+__all__ = ["ScheduledOptimizer", "is_scheduled", "scheduled_class", "custom_objects"]
+
+_OPTIONS = ("schedule", "momentum_correction", "correction_threshold", "lr_multipliers", "log_corrections")
+
+
+def _validate_multipliers(lr_multipliers):
+    if lr_multipliers is None:
+        return ()
+    if not isinstance(lr_multipliers, dict):
+        raise TypeError(f"lr_multipliers must be a dict of variable-name regex -> factor, got "
+                        f"{type(lr_multipliers).__name__}: {lr_multipliers!r}")
+    pairs = []
+    for pattern, factor in lr_multipliers.items():
+        if not isinstance(pattern, str):
+            raise TypeError(f"lr_multipliers keys must be regex strings, got {pattern!r}")
+        try:
+            compiled = re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"lr_multipliers key {pattern!r} is not a valid regex: {exc}") from None
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not np.isfinite(factor) \
+                or factor < 0:
+            raise ValueError(f"lr_multipliers[{pattern!r}] must be a finite number >= 0, got {factor!r}")
+        pairs.append((pattern, compiled, float(factor)))
+    return tuple(pairs)
+
+
+class _Options:
+    """The wrapper's settings, kept out of TensorFlow's attribute tracking (which wraps dicts and lists)."""
+
+    def __init__(self, optimizer, schedule_lr, momentum_correction, correction_threshold, lr_multipliers,
+                 log_corrections):
+        self.schedule_lr = schedule_lr
+        self.schedule = schedule_lr.schedule
+        self.momentum_correction = momentum_correction
+        if correction_threshold is not None and (isinstance(correction_threshold, bool) or
+                                                 not isinstance(correction_threshold, (int, float)) or
+                                                 not correction_threshold >= 1):
+            raise ValueError(f"correction_threshold must be a number >= 1 (Detectron's SCALE_MOMENTUM_THRESHOLD), "
+                             f"got {correction_threshold!r}")
+        self.correction_threshold = correction_threshold
+        self.multipliers = _validate_multipliers(lr_multipliers)
+        self.log_corrections = bool(log_corrections)
+        self.mode = _slots.resolve_correction_mode(optimizer, self.schedule, momentum_correction)
+        threshold = (self.schedule.scale_momentum_threshold if correction_threshold is None
+                     else float(correction_threshold))
+        self.threshold = threshold
+        self.corrections = correction_table(self.schedule, self.mode, threshold)
+        self.checked_multipliers = False
+
+    def config(self):
+        return {
+            "schedule": self.schedule.get_config(),
+            "momentum_correction": self.momentum_correction,
+            "correction_threshold": self.correction_threshold,
+            "lr_multipliers": {p: f for p, _, f in self.multipliers} or None,
+            "log_corrections": self.log_corrections,
+        }
+
+    def multiplier(self, variable):
+        for _, compiled, factor in self.multipliers:
+            if compiled.search(variable.name):
+                return factor
+        return 1.0
+
+    def check_multipliers(self, variables):
+        """Every pattern must match a trainable variable; a typo would silently train at the base LR."""
+        if self.checked_multipliers:
+            return
+        names = [v.name for v in variables]
+        for pattern, compiled, _ in self.multipliers:
+            if not any(compiled.search(name) for name in names):
+                raise ValueError(f"lr_multipliers pattern {pattern!r} matches no trainable variable; the variable "
+                                 f"names are {names}. Fix the regex (it is searched with re.search) or remove it.")
+        self.checked_multipliers = True
+
+
+class _ScheduledBase:
+    """Shared by the subclasses of the TF 2.11+ and the legacy (OptimizerV2) optimizers."""
+
+    def __init__(self, schedule, momentum_correction=None, correction_threshold=None, lr_multipliers=None,
+                 log_corrections=True, **kwargs):
+        kwargs.pop("learning_rate", None)
+        kwargs.pop("lr", None)
+        schedule_lr = ScheduleLR(as_schedule(schedule))
+        super().__init__(learning_rate=schedule_lr, **kwargs)
+        self._hvd_sched = _Options(self, schedule_lr, momentum_correction, correction_threshold, lr_multipliers,
+                                   log_corrections)
+
+    @property
+    def schedule(self):
+        """The hvd_sched `Schedule` this optimizer follows."""
+        return self._hvd_sched.schedule
+
+    @property
+    def momentum_correction_mode(self):
+        """The correction mode in force: "threshold", "every_change" or "off"."""
+        return self._hvd_sched.mode
+
+    def get_config(self):
+        config = super().get_config()
+        config.pop("learning_rate", None)  # derived from the schedule
+        config.update(self._hvd_sched.config())
+        return config
+
+    def _hvd_sched_build(self, variables, name):
+        raise NotImplementedError
+
+    def _hvd_sched_rescale(self, variables):
+        """Multiply the momentum slots by the table's factor on the steps where the rule says so."""
+        iterations, factors = self._hvd_sched.corrections
+        if iterations.size == 0:
+            return
+        slots = _slots.momentum_slots(self, variables)
+        if not slots:
+            return
+        step = tf.cast(self.iterations, tf.int64)
+        with tf.name_scope("hvd_sched_momentum_correction"):
+            table_iters = tf.constant(iterations, tf.int64)
+            index = tf.searchsorted(table_iters, tf.reshape(step, [1]), side="left")[0]
+            safe = tf.minimum(index, iterations.size - 1)
+            due = tf.logical_and(index < iterations.size, tf.equal(tf.gather(table_iters, safe), step))
+            factor = tf.gather(tf.constant(factors, tf.float32), safe)
+            log = self._hvd_sched.log_corrections
+            if log:
+                lrs = tf.constant(self._hvd_sched.schedule_lr._table, tf.float32)
+                at = tf.minimum(step, lrs.shape[0] - 1)
+
+            def rescale():
+                for slot in slots:
+                    slot.assign(slot * tf.cast(factor, slot.dtype))
+                if log:
+                    # The graph must be the same on every rank (a rank-dependent op list hangs Horovod's
+                    # allreduce), so the rank is a value tested in-graph, not a Python branch.
+                    def say():
+                        tf.print("hvd_sched: momentum correction at iteration", step, ": lr",
+                                 tf.gather(lrs, tf.maximum(at - 1, 0)), "->", tf.gather(lrs, at),
+                                 ", momentum slots scaled by", factor, output_stream=sys.stdout)
+                        return tf.constant(True)
+
+                    tf.cond(tf.equal(tf.constant(_slots.rank()), 0), say, lambda: tf.constant(False))
+                return tf.constant(True)
+
+            tf.cond(due, rescale, lambda: tf.constant(False))
+
+    def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        grads_and_vars = list(grads_and_vars)
+        variables = [v for _, v in grads_and_vars]
+        if self._hvd_sched.multipliers:
+            self._hvd_sched.check_multipliers([v for g, v in grads_and_vars if g is not None])
+        if variables and self._hvd_sched.corrections[0].size:
+            self._hvd_sched_build(variables, kwargs.get("name"))
+            self._hvd_sched_rescale(variables)
+        return super().apply_gradients(grads_and_vars, *args, **kwargs)
+
+
+class _ScheduledNew(_ScheduledBase):
+    """For `tf.keras.optimizers.*` (TF 2.11+): the LR multiplier acts through the `learning_rate` property."""
+
+    _hvd_sched_lr_scale = None
+
+    def _hvd_sched_build(self, variables, name):
+        with tf.name_scope(name or self.name or "optimizer"):
+            with tf.init_scope():
+                self.build(variables)
+
+    @property
+    def learning_rate(self):
+        lr = super().learning_rate
+        scale = self._hvd_sched_lr_scale
+        return lr if scale is None else lr * tf.cast(scale, lr.dtype)
+
+    @learning_rate.setter
+    def learning_rate(self, learning_rate):
+        if getattr(self, "_hvd_sched", None) is not None:
+            raise TypeError("the learning rate of a ScheduledOptimizer comes from its schedule and cannot be set; "
+                            "build a new schedule (or use hvd_sched.keras.ScheduleCallback with a plain optimizer)")
+        tf.keras.optimizers.Optimizer.learning_rate.fset(self, learning_rate)
+
+    def update_step(self, gradient, variable):
+        factor = self._hvd_sched.multiplier(variable) if self._hvd_sched.multipliers else 1.0
+        if factor == 1.0:
+            return super().update_step(gradient, variable)
+        self._hvd_sched_lr_scale = factor  # read by `learning_rate` while this variable's update is traced
+        try:
+            return super().update_step(gradient, variable)
+        finally:
+            self._hvd_sched_lr_scale = None
+
+
+class _ScheduledLegacy(_ScheduledBase):
+    """For `tf.keras.optimizers.legacy.*`: the LR multiplier scales the per-variable `lr_t` coefficients."""
+
+    def _hvd_sched_build(self, variables, name):
+        with tf.name_scope(name or self._name):
+            with tf.init_scope():
+                self._create_all_weights(variables)
+
+    def _scaled_state(self, var, apply_state):
+        factor = self._hvd_sched.multiplier(var) if self._hvd_sched.multipliers else 1.0
+        if factor == 1.0:
+            return apply_state
+        key = (var.device, var.dtype.base_dtype)
+        coefficients = dict((apply_state or {}).get(key) or self._fallback_apply_state(*key))
+        for name in ("lr_t", "lr"):
+            if name in coefficients:
+                coefficients[name] = coefficients[name] * tf.cast(factor, coefficients[name].dtype)
+        return {key: coefficients}
+
+    def _resource_apply_dense(self, grad, var, apply_state=None):
+        return super()._resource_apply_dense(grad, var, apply_state=self._scaled_state(var, apply_state))
+
+    def _resource_apply_sparse(self, grad, var, indices, apply_state=None):
+        return super()._resource_apply_sparse(grad, var, indices, apply_state=self._scaled_state(var, apply_state))
+
+
+_CLASSES = {}
+
+
+def scheduled_class(base):
+    """The scheduled subclass of a Keras optimizer class (one per class, registered for `load_model`)."""
+    if base in _CLASSES:
+        return _CLASSES[base]
+    if issubclass(base, _ScheduledBase):
+        return base
+    legacy = issubclass(base, tf.keras.optimizers.legacy.Optimizer)
+    if not legacy and not issubclass(base, tf.keras.optimizers.Optimizer):
+        raise TypeError(f"ScheduledOptimizer wraps a tf.keras optimizer, got class {base.__name__}")
+    name = "Scheduled" + ("Legacy" if legacy and base.__module__.startswith("keras.") else "") + base.__name__
+    cls = type(name, (_ScheduledLegacy if legacy else _ScheduledNew, base), {
+        "__module__": __name__,
+        "__doc__": f"{base.__name__} following an hvd_sched schedule; see hvd_sched.keras.ScheduledOptimizer.",
+    })
+    _CLASSES[base] = cls
+    globals()[name] = cls  # so Keras finds it by module + class name
+    # Registered under its plain name: Horovod's dynamic subclass keeps this name, so `load_model` of a model
+    # compiled with hvd.DistributedOptimizer(ScheduledOptimizer(...)) finds it too.
+    tf.keras.utils.get_custom_objects()[name] = cls
+    return cls
+
+
+def ScheduledOptimizer(optimizer, schedule, *, momentum_correction=None, correction_threshold=None,
+                       lr_multipliers=None, log_corrections=True):
+    """Wrap a Keras optimizer so it follows `schedule` in-graph, with Detectron's momentum correction.
+
+    The LR at step `it` is `schedule.lr_at(it)`; on the iterations of `schedule.momentum_corrections` the
+    momentum slots are multiplied by new_lr/old_lr before that step's update (Goyal et al. 2017, sec. 2.1;
+    Detectron `SOLVER.SCALE_MOMENTUM`). The optimizer's own learning_rate is replaced by the schedule.
+
+    Example:
+        >>> import horovod.tensorflow.keras as hvd, hvd_sched, hvd_sched.keras
+        >>> hvd.init()
+        >>> schedule = hvd_sched.from_detectron("configs/steps.yaml", world_size=hvd.size())
+        >>> opt = hvd.DistributedOptimizer(
+        ...     hvd_sched.keras.ScheduledOptimizer(tf.keras.optimizers.SGD(momentum=0.9), schedule,
+        ...                                        lr_multipliers={"bias": 2.0}))
+        >>> model.compile(opt, "sparse_categorical_crossentropy")
+        >>> model.fit(x, y, callbacks=hvd_sched.keras.horovod_callbacks())
+
+    Args:
+        optimizer: a `tf.keras.optimizers.*` or `tf.keras.optimizers.legacy.*` instance (not yet Horovod-wrapped).
+        schedule: an `hvd_sched.Schedule` (or its `get_config()` dict).
+        momentum_correction: None (follow the schedule's SCALE_MOMENTUM / SCALE_MOMENTUM_MODE for SGD with
+            momentum; a no-op for optimizers whose slots hold no LR, such as Adam), "threshold",
+            "every_change", "off", or a bool.
+        correction_threshold: overrides the schedule's SCALE_MOMENTUM_THRESHOLD (>= 1).
+        lr_multipliers: dict of variable-name regex -> factor; a variable uses lr * factor of the first pattern
+            that `re.search`es its name (e.g. {"bias": 2.0}); every pattern must match some variable.
+        log_corrections: print one line on rank 0 at each correction (iteration, old LR, new LR, factor).
+
+    Returns:
+        A new optimizer of class `Scheduled<Name>`, a subclass of `type(optimizer)`.
+
+    Raises:
+        TypeError: `optimizer` is not a Keras optimizer, or `schedule` is not a schedule.
+        ValueError: the optimizer is already Horovod-wrapped or scheduled, or an option is invalid.
+    """
+    if isinstance(optimizer, _ScheduledBase):
+        raise ValueError("this optimizer is already a ScheduledOptimizer; wrap the plain optimizer once")
+    if not isinstance(optimizer, (tf.keras.optimizers.Optimizer, tf.keras.optimizers.legacy.Optimizer)):
+        raise TypeError(f"ScheduledOptimizer wraps a tf.keras optimizer such as tf.keras.optimizers.SGD("
+                        f"momentum=0.9), got {type(optimizer).__name__}: {optimizer!r}")
+    if _slots.is_horovod_wrapped(optimizer):
+        raise ValueError("wrap in the other order: hvd.DistributedOptimizer(ScheduledOptimizer(opt, schedule)); "
+                         "Horovod's optimizer class cannot be subclassed again")
+    config = optimizer.get_config()
+    config.update(schedule=as_schedule(schedule), momentum_correction=momentum_correction,
+                  correction_threshold=correction_threshold, lr_multipliers=lr_multipliers,
+                  log_corrections=log_corrections)
+    return scheduled_class(type(optimizer)).from_config(config)
+
+
+def is_scheduled(optimizer):
+    """True when `optimizer` (possibly Horovod-wrapped) is a ScheduledOptimizer."""
+    return isinstance(optimizer, _ScheduledBase)
+
+
+def custom_objects():
+    """Every scheduled class by name, for `tf.keras.models.load_model(..., custom_objects=...)`/`hvd.load_model`."""
+    return {cls.__name__: cls for cls in _CLASSES.values()}
+
+
+for _base in (tf.keras.optimizers.SGD, tf.keras.optimizers.Adam, tf.keras.optimizers.AdamW,
+              tf.keras.optimizers.RMSprop, tf.keras.optimizers.Nadam, tf.keras.optimizers.Adagrad,
+              tf.keras.optimizers.legacy.SGD, tf.keras.optimizers.legacy.Adam, tf.keras.optimizers.legacy.RMSprop):
+    scheduled_class(_base)
+del _base
