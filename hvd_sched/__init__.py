@@ -1,0 +1,45 @@
+"""hvd_sched: Detectron's solver schedule (policies, warmup, momentum correction), pure numpy.
+
+The maths imports no TensorFlow and no Horovod, so a schedule can be tested, plotted and checked without a
+training run; the Keras/Horovod glue is the separate subpackage ``hvd_sched.keras``.
+
+Example::
+
+    import numpy as np, hvd_sched
+    schedule = hvd_sched.from_detectron("configs/e2e_faster_rcnn_R-50-FPN_1x.yaml")   # or a SOLVER dict
+    lrs = schedule.lr_at(np.arange(schedule.max_iter))          # float32, bit-identical to Detectron
+    corrections = schedule.momentum_corrections(schedule.max_iter)   # [(iteration, new_lr / old_lr), ...]
+    restored = hvd_sched.Schedule.from_config(schedule.get_config())  # == schedule
+"""
+
+from ._version import __version__
+from .config import (
+    EPOCH_KEYS,
+    SOLVER_KEYS,
+    from_detectron,
+    gradual_warmup_factor,
+    linear_scaled_lr,
+    linear_scaled_lr_for_batch,
+    load_solver,
+)
+from .momentum import MODES, correction_factor, correction_factors, lr_change_ratio
+from .policies import POLICIES, WARM_UP_METHODS
+from .schedules import Schedule
+
+__all__ = [
+    "Schedule",
+    "from_detectron",
+    "load_solver",
+    "linear_scaled_lr",
+    "linear_scaled_lr_for_batch",
+    "gradual_warmup_factor",
+    "correction_factor",
+    "correction_factors",
+    "lr_change_ratio",
+    "POLICIES",
+    "WARM_UP_METHODS",
+    "MODES",
+    "SOLVER_KEYS",
+    "EPOCH_KEYS",
+    "__version__",
+]

@@ -1,0 +1,296 @@
+"""Detectron ``SOLVER`` mappings and YAML files -> validated ``Schedule`` (layer 3: numpy, PyYAML on demand).
+
+Units are converted here, once. The keys are Detectron's (``detectron/core/config.py``), upper case, with these
+hvd_sched additions:
+
+- ``SCALE_MOMENTUM_MODE``, ``STEP_SIZES``, ``POWER``, ``LR_FACTOR``: see ``Schedule``.
+- Epoch units for Keras users: ``MAX_EPOCHS``, ``STEP_SIZE_EPOCHS``, ``STEPS_EPOCHS``, ``WARM_UP_EPOCHS``,
+  ``STEP_SIZES_EPOCHS``, converted with the ``steps_per_epoch`` argument to ``int(round(epochs *
+  steps_per_epoch))`` iterations (Python's round: halves go to even). Giving a key in both units is an error.
+- Linear scaling (Goyal et al., arXiv:1706.02677; detectron2's ``DefaultTrainer.auto_scale_workers``):
+  ``REFERENCE_WORLD_SIZE`` (0, the default, turns it off) is the world size the config was written for; with
+  the ``world_size`` argument, ``scale = world_size / REFERENCE_WORLD_SIZE``, BASE_LR and the absolute LRS of
+  ``steps_with_lrs`` are multiplied by ``scale``, and the iteration-valued keys given in iterations (MAX_ITER,
+  STEP_SIZE, STEPS, WARM_UP_ITERS, STEP_SIZES, defaults included) become ``int(round(value / scale))``.
+  Epoch-valued keys are not divided: ``steps_per_epoch`` already reflects the global batch.
+- ``WARM_UP_FACTOR: horovod``: Horovod's gradual warmup from ``lr / size`` to ``lr``, i.e. ``1 / scale``
+  (``REFERENCE_WORLD_SIZE / world_size``, or ``1 / world_size`` when REFERENCE_WORLD_SIZE is 0).
+
+The world size is always an argument, never looked up. Lower-case keys (``get_config()`` dicts) are rejected:
+``Schedule.from_config`` is for those.
+
+Example:
+    >>> schedule = from_detectron({"SOLVER": {"BASE_LR": 0.02, "LR_POLICY": "steps_with_decay",
+    ...                                       "STEPS_EPOCHS": [0, 8, 11], "MAX_EPOCHS": 12}},
+    ...                           steps_per_epoch=1000)
+    >>> schedule.boundaries()
+    [0, 500, 8000, 11000, 12000]
+"""
+
+import ast
+import difflib
+import errno
+import inspect
+import os
+from collections.abc import Mapping
+
+from .schedules import Schedule, _float_list, _int_list, _integer, _number
+
+__all__ = [
+    "SOLVER_KEYS",
+    "EPOCH_KEYS",
+    "from_detectron",
+    "load_solver",
+    "linear_scaled_lr",
+    "linear_scaled_lr_for_batch",
+    "gradual_warmup_factor",
+]
+
+
+def _schedule_defaults():
+    parameters = inspect.signature(Schedule.__init__).parameters.values()
+    return {
+        parameter.name.upper(): list(parameter.default) if isinstance(parameter.default, tuple) else parameter.default
+        for parameter in parameters
+        if parameter.name != "self"
+    }
+
+
+#: Every SOLVER key in iterations, upper case, with its default (Detectron's, then hvd_sched's additions).
+SOLVER_KEYS = {**_schedule_defaults(), "REFERENCE_WORLD_SIZE": 0}
+
+#: Epoch-valued keys (hvd_sched) and the iteration key each one is converted to.
+EPOCH_KEYS = {
+    "MAX_EPOCHS": "MAX_ITER",
+    "STEP_SIZE_EPOCHS": "STEP_SIZE",
+    "STEPS_EPOCHS": "STEPS",
+    "WARM_UP_EPOCHS": "WARM_UP_ITERS",
+    "STEP_SIZES_EPOCHS": "STEP_SIZES",
+}
+
+_ITERATION_KEYS = ("MAX_ITER", "STEP_SIZE", "STEPS", "WARM_UP_ITERS", "STEP_SIZES")
+_LIST_KEYS = ("STEPS", "STEP_SIZES")
+_POSITIVE_EPOCH_KEYS = ("MAX_EPOCHS", "STEP_SIZE_EPOCHS", "STEP_SIZES_EPOCHS")
+
+
+def load_solver(path):
+    """Read the SOLVER mapping of a Detectron YAML config (``yaml.safe_load``; other sections ignored).
+
+    A file with a top-level ``SOLVER`` key yields that section; a file without one is read as a bare SOLVER
+    mapping. String values are decoded with ``ast.literal_eval`` where that succeeds, as Detectron's
+    ``_decode_cfg_value`` does (so ``BASE_LR: 1e-3``, a string in YAML 1.1, is the number 0.001).
+
+    Args:
+        path: a ``str`` or ``os.PathLike``.
+
+    Returns:
+        A new dict of SOLVER keys (validated by ``from_detectron``, not here).
+
+    Raises:
+        FileNotFoundError: if the file does not exist (the message names it).
+        ValueError: for malformed YAML (file, line and column named) or a document that is not a mapping.
+    """
+    import yaml  # PyYAML is needed only to read files.
+
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as stream:
+            document = yaml.safe_load(stream)
+    except FileNotFoundError:
+        raise FileNotFoundError(errno.ENOENT, "Detectron config file not found", path) from None
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not UTF-8 text ({error})") from error
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark is not None else path
+        problem = getattr(error, "problem", None) or str(error)
+        raise ValueError(f"malformed YAML in {where}: {problem}") from error
+    if document is None:
+        return {}
+    if not isinstance(document, Mapping):
+        raise ValueError(f"{path}: expected a mapping at the top level, got {type(document).__name__}")
+    section = document["SOLVER"] if "SOLVER" in document else document
+    if section is None:
+        return {}
+    if not isinstance(section, Mapping):
+        raise ValueError(f"{path}: the SOLVER section must be a mapping, got {section!r}")
+    return {key: _decode(value) for key, value in section.items()}
+
+
+def _decode(value):
+    if not isinstance(value, str):
+        return value
+    try:
+        return ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return value
+
+
+def _solver_section(solver):
+    if isinstance(solver, (str, os.PathLike)):
+        return load_solver(solver)
+    if not isinstance(solver, Mapping):
+        raise TypeError(f"solver must be a mapping of SOLVER keys or a YAML path, got {type(solver).__name__}")
+    if "SOLVER" in solver:
+        section = solver["SOLVER"]
+        if not isinstance(section, Mapping):
+            raise TypeError(f"the SOLVER section must be a mapping, got {section!r}")
+        stray = sorted(key for key in solver if key in SOLVER_KEYS or key in EPOCH_KEYS)
+        if stray:
+            raise ValueError(f"SOLVER keys {stray} given next to a SOLVER section; put them inside it")
+        return dict(section)
+    return dict(solver)
+
+
+def _check_keys(section):
+    valid = list(SOLVER_KEYS) + list(EPOCH_KEYS)
+    for key in section:
+        if not isinstance(key, str):
+            raise TypeError(f"SOLVER keys must be strings, got {key!r}")
+        if key in SOLVER_KEYS or key in EPOCH_KEYS:
+            continue
+        if key.upper() in SOLVER_KEYS or key.upper() in EPOCH_KEYS:
+            raise ValueError(f"SOLVER key {key!r} is not upper case; did you mean {key.upper()!r}? "
+                             f"(Schedule.from_config takes the lower-case get_config() keys)")
+        close = difflib.get_close_matches(key.upper(), valid, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {sorted(valid)}"
+        raise ValueError(f"unknown SOLVER key {key!r}{hint}")
+
+
+def _convert_epochs(section, steps_per_epoch, notes):
+    """Replace each epoch key by its iteration key, in place on the private copy; returns the converted keys."""
+    converted = set()
+    for epoch_key, iteration_key in EPOCH_KEYS.items():
+        if epoch_key not in section:
+            continue
+        if iteration_key in section:
+            raise ValueError(f"give either {iteration_key} or {epoch_key}, not both "
+                             f"(got {iteration_key}={section[iteration_key]!r}, {epoch_key}={section[epoch_key]!r})")
+        if steps_per_epoch is None:
+            raise ValueError(f"steps_per_epoch is required when {epoch_key} is given")
+        epochs = section.pop(epoch_key)
+        low_open = epoch_key in _POSITIVE_EPOCH_KEYS
+        if iteration_key in _LIST_KEYS:
+            if isinstance(epochs, (str, bytes)) or not isinstance(epochs, (list, tuple)):
+                raise TypeError(f"{epoch_key} must be a list, got {epochs!r}")
+            values = [_number(epoch_key, value, low=0, low_open=low_open) for value in epochs]
+            if epoch_key == "STEPS_EPOCHS" and values and values[0] != 0:
+                raise ValueError(f"STEPS_EPOCHS must start at 0, got {epochs!r}")
+            section[iteration_key] = [int(round(value * steps_per_epoch)) for value in values]
+        else:
+            value = _number(epoch_key, epochs, low=0, low_open=low_open)
+            section[iteration_key] = int(round(value * steps_per_epoch))
+        notes.append(f"{iteration_key}={section[iteration_key]!r} was converted from {epoch_key}={epochs!r} "
+                     f"with steps_per_epoch={steps_per_epoch}")
+        converted.add(iteration_key)
+    return converted
+
+
+def _scale_linearly(section, world_size, from_epochs, notes):
+    reference = _integer("reference_world_size", section.pop("REFERENCE_WORLD_SIZE", 0), low=0)
+    if reference == 0:
+        return 1.0, 0
+    if world_size is None:
+        raise ValueError(f"REFERENCE_WORLD_SIZE={reference} requires the world_size argument")
+    scale = world_size / reference
+    if scale == 1.0:
+        return scale, reference
+    section["BASE_LR"] = linear_scaled_lr(section.get("BASE_LR", SOLVER_KEYS["BASE_LR"]), world_size, reference)
+    if section.get("LR_POLICY", SOLVER_KEYS["LR_POLICY"]) == "steps_with_lrs" and "LRS" in section:
+        section["LRS"] = [lr * scale for lr in _float_list("lrs", section["LRS"])]
+    for key in _ITERATION_KEYS:
+        if key in from_epochs:
+            continue
+        value = section.get(key, SOLVER_KEYS[key])
+        if key in _LIST_KEYS:
+            section[key] = [int(round(item / scale)) for item in _int_list(key.lower(), value)]
+        else:
+            section[key] = int(round(_integer(key.lower(), value, low=0) / scale))
+    notes.append(f"linear scaling by world_size / REFERENCE_WORLD_SIZE = {world_size} / {reference}")
+    return scale, reference
+
+
+def from_detectron(solver, *, steps_per_epoch=None, world_size=None):
+    """Build a ``Schedule`` from Detectron's SOLVER keys.
+
+    Args:
+        solver: a mapping of upper-case SOLVER keys, a mapping with a ``SOLVER`` section (other sections
+            ignored), or the path of a Detectron YAML config.
+        steps_per_epoch: iterations per epoch (int > 0), required by the ``*_EPOCHS`` keys.
+        world_size: the number of workers (int > 0), required by ``REFERENCE_WORLD_SIZE > 0`` and
+            ``WARM_UP_FACTOR: horovod``; otherwise unused.
+
+    Returns:
+        A validated ``Schedule`` in iterations.
+
+    Raises:
+        ValueError: for unknown keys (the closest valid key suggested), invalid values (key and value named),
+            missing ``steps_per_epoch`` / ``world_size``, or a malformed YAML file.
+        TypeError: for values of the wrong type.
+        FileNotFoundError: for a missing YAML file.
+
+    Example:
+        >>> from_detectron({"BASE_LR": 0.1, "REFERENCE_WORLD_SIZE": 8, "MAX_ITER": 1000}, world_size=16).lr_at(700)
+        0.20000000298023224
+    """
+    if steps_per_epoch is not None:
+        steps_per_epoch = _integer("steps_per_epoch", steps_per_epoch, low=1, label="steps_per_epoch")
+    if world_size is not None:
+        world_size = _integer("world_size", world_size, low=1, label="world_size")
+    section = _solver_section(solver)
+    _check_keys(section)
+    notes = []
+    from_epochs = _convert_epochs(section, steps_per_epoch, notes)
+    scale, reference = _scale_linearly(section, world_size, from_epochs, notes)
+    if section.get("WARM_UP_FACTOR") == "horovod":
+        if world_size is None:
+            raise ValueError("WARM_UP_FACTOR 'horovod' requires the world_size argument")
+        section["WARM_UP_FACTOR"] = gradual_warmup_factor(world_size, reference or 1)
+        notes.append(f"WARM_UP_FACTOR 'horovod' = {reference or 1} / world_size {world_size}")
+    elif isinstance(section.get("WARM_UP_FACTOR"), str):
+        raise ValueError(f"WARM_UP_FACTOR must be a number or 'horovod', got {section['WARM_UP_FACTOR']!r}")
+    arguments = {key.lower(): value for key, value in section.items()}
+    try:
+        return Schedule(**arguments)
+    except ValueError as error:
+        if not notes:
+            raise
+        raise ValueError(f"{error} ({'; '.join(notes)})") from error
+
+
+def linear_scaled_lr(base_lr, world_size, reference_world_size=1):
+    """The linear scaling rule (Goyal et al.): ``base_lr * (world_size / reference_world_size)``.
+
+    The operation order of detectron2's ``auto_scale_workers`` (``BASE_LR * scale``). Example: a config for 8
+    workers at 0.02 run on 32 workers gives ``linear_scaled_lr(0.02, 32, 8) == 0.08``.
+    """
+    base_lr = _number("base_lr", base_lr, low=0, low_open=True)
+    world_size = _integer("world_size", world_size, low=1, label="world_size")
+    reference_world_size = _integer("reference_world_size", reference_world_size, low=1,
+                                    label="reference_world_size")
+    return base_lr * (world_size / reference_world_size)
+
+
+def linear_scaled_lr_for_batch(base_lr, *, global_batch, reference_batch):
+    """The linear scaling rule by batch size: ``base_lr * (global_batch / reference_batch)``.
+
+    Goyal et al.'s ``lr = 0.1 * batch / 256``: ``linear_scaled_lr_for_batch(0.1, global_batch=8192,
+    reference_batch=256) == 3.2``.
+    """
+    base_lr = _number("base_lr", base_lr, low=0, low_open=True)
+    global_batch = _integer("global_batch", global_batch, low=1, label="global_batch")
+    reference_batch = _integer("reference_batch", reference_batch, low=1, label="reference_batch")
+    return base_lr * (global_batch / reference_batch)
+
+
+def gradual_warmup_factor(world_size, reference_world_size=1):
+    """The WARM_UP_FACTOR of Horovod's gradual warmup (``lr / size`` -> ``lr``): ``1 / scale``.
+
+    Horovod's ``LearningRateWarmupCallback`` multiplies the LR by ``1 / size * (epoch * (size - 1) / warmup +
+    1)``, which is the linear warmup ``F * (1 - alpha) + alpha`` with ``F = 1 / size``. With a reference world
+    size, ``F = reference_world_size / world_size`` (a factor above 1 is rejected when a Schedule is built).
+    """
+    world_size = _integer("world_size", world_size, low=1, label="world_size")
+    reference_world_size = _integer("reference_world_size", reference_world_size, low=1,
+                                    label="reference_world_size")
+    return reference_world_size / world_size

@@ -1,0 +1,136 @@
+"""The momentum-correction rule of Detectron's solver (layer 2: numpy only, no state).
+
+Caffe2's ``MomentumSGDUpdate`` (and Keras' SGD) keep the update history ``V := mu * V + lr * grad`` with the
+learning rate folded in, so when the LR changes from ``cur`` to ``new`` the history is rescaled by ``new / cur``
+to stay compatible with ``lr * grad`` (Detectron's ``DetectionModelHelper._SetNewLr`` / ``_CorrectMomentum``;
+Goyal et al., arXiv:1706.02677, section 2.1 "momentum correction").
+
+Modes (``SOLVER.SCALE_MOMENTUM`` / ``SOLVER.SCALE_MOMENTUM_MODE``):
+
+- ``'threshold'`` (Detectron): rescale when ``cur > 1e-7`` and ``max(new / max(cur, 1e-10), cur / max(new,
+  1e-10)) > SCALE_MOMENTUM_THRESHOLD``, both strict.
+- ``'every_change'`` (the seed's ``add_variable_stepsize_lr``): rescale whenever ``new != cur``, keeping the
+  ``cur > 1e-7`` guard (before the first iteration ``cur`` is 0 and there is nothing to rescale).
+- ``'off'``: never.
+
+The LRs are float32, as Detectron's LR blob is: inputs are converted to float32 first, the ratio is computed in
+float64 from those float32 values (NumPy 1.x promotes ``np.max((float32, 1e-10))`` to float64), the ``1e-7``
+guard compares in float64 (as ``np.float32 > float`` does), and the factor is ``new / cur`` in float32.
+
+Example:
+    >>> correction_factor(0.02, 0.002)
+    0.10000001
+    >>> print(correction_factor(0.0200, 0.0199))
+    None
+"""
+
+import numbers
+
+import numpy as np
+
+__all__ = ["MODES", "lr_change_ratio", "correction_factor", "correction_factors"]
+
+#: The correction modes; ``'off'`` is what ``SCALE_MOMENTUM: False`` means.
+MODES = ("threshold", "every_change", "off")
+
+# Detectron's _get_lr_change_ratio eps and _SetNewLr guard.
+_RATIO_EPS = 1e-10
+_MIN_CUR_LR = 1e-7
+
+
+def _as_float32(values, name):
+    array = np.asarray(values)
+    if array.dtype.kind not in "iuf":
+        raise TypeError(f"{name} must be numbers, got {values!r}")
+    return array.astype(np.float32)
+
+
+def _check_rule(mode, threshold):
+    if not isinstance(mode, str) or mode not in MODES:
+        raise ValueError(f"SCALE_MOMENTUM_MODE must be one of {list(MODES)}, got {mode!r}")
+    if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real):
+        raise TypeError(f"SCALE_MOMENTUM_THRESHOLD must be a number, got {threshold!r}")
+    if not threshold >= 1.0 or threshold == float("inf"):
+        raise ValueError(f"SCALE_MOMENTUM_THRESHOLD must be a finite number >= 1, got {threshold!r}")
+
+
+def _ratio64(cur32, new32):
+    cur64 = cur32.astype(np.float64)
+    new64 = new32.astype(np.float64)
+    return np.maximum(new64 / np.maximum(cur64, _RATIO_EPS), cur64 / np.maximum(new64, _RATIO_EPS))
+
+
+def lr_change_ratio(cur_lr, new_lr):
+    """Detectron's ``_get_lr_change_ratio``: ``max(new / max(cur, 1e-10), cur / max(new, 1e-10))``.
+
+    Args:
+        cur_lr: the LR before the change (scalar or array; converted to float32).
+        new_lr: the LR after the change (same shape).
+
+    Returns:
+        A Python float for scalars, else a float64 array.
+    """
+    cur32 = _as_float32(cur_lr, "cur_lr")
+    new32 = _as_float32(new_lr, "new_lr")
+    ratio = _ratio64(cur32, new32)
+    return float(ratio) if ratio.ndim == 0 else ratio
+
+
+def correction_factors(cur_lrs, new_lrs, mode="threshold", threshold=1.1):
+    """Where the rule rescales the momentum buffers, and by how much (vectorised).
+
+    The Keras glue builds its in-graph table with ``prev = concat([0], lrs[:-1])`` and
+    ``correction_factors(prev, lrs, mode, threshold)``; ``Schedule.momentum_corrections`` is built on it too.
+
+    Args:
+        cur_lrs: LRs before each change (the previous iteration's LR, 0 before the first).
+        new_lrs: LRs after each change (same shape).
+        mode: one of ``MODES``.
+        threshold: ``SCALE_MOMENTUM_THRESHOLD`` (``>= 1``), used by ``'threshold'`` only.
+
+    Returns:
+        ``(mask, factors)``: a bool array, True where the rule rescales, and a float32 array holding ``new / cur``
+        there and 1.0 elsewhere.
+
+    Raises:
+        ValueError: for an unknown mode, a threshold below 1, or arrays of different shapes.
+        TypeError: for non-numeric input.
+    """
+    _check_rule(mode, threshold)
+    cur32 = _as_float32(cur_lrs, "cur_lrs")
+    new32 = _as_float32(new_lrs, "new_lrs")
+    if cur32.shape != new32.shape:
+        raise ValueError(f"cur_lrs and new_lrs must have the same shape, got {cur32.shape} and {new32.shape}")
+    if mode == "off":
+        mask = np.zeros(new32.shape, dtype=bool)
+    else:
+        # Detectron calls _SetNewLr only when the float32 LR changes; the guard compares in float64.
+        mask = (new32 != cur32) & (cur32.astype(np.float64) > _MIN_CUR_LR)
+        if mode == "threshold":
+            mask &= _ratio64(cur32, new32) > threshold
+    factors = np.ones(new32.shape, dtype=np.float32)
+    factors[mask] = new32[mask] / cur32[mask]
+    return mask, factors
+
+
+def correction_factor(cur_lr, new_lr, mode="threshold", threshold=1.1):
+    """The factor the rule rescales the momentum buffers by when the LR goes from ``cur_lr`` to ``new_lr``.
+
+    Args:
+        cur_lr: the LR before (scalar; Detectron's LR blob starts at 0).
+        new_lr: the LR after (scalar).
+        mode: one of ``MODES``.
+        threshold: ``SCALE_MOMENTUM_THRESHOLD``.
+
+    Returns:
+        ``np.float32(new / cur)`` where the rule rescales, else None.
+
+    Raises:
+        ValueError: for an unknown mode or a threshold below 1.
+        TypeError: for non-scalar or non-numeric input.
+    """
+    for name, value in (("cur_lr", cur_lr), ("new_lr", new_lr)):
+        if isinstance(value, (bool, np.bool_)) or np.ndim(value) != 0:
+            raise TypeError(f"{name} must be a number, got {value!r}")
+    mask, factors = correction_factors(np.array([cur_lr]), np.array([new_lr]), mode, threshold)
+    return factors[0] if mask[0] else None

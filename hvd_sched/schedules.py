@@ -1,0 +1,379 @@
+"""``Schedule``: Detectron's solver as one small, stateless, serializable object (layer 1: numpy only).
+
+A schedule joins a decay policy (``hvd_sched.policies``), a warmup and a momentum-correction rule
+(``hvd_sched.momentum``); everything is a function of the iteration number, so resuming is free and a million
+iterations evaluate at once. The arguments are Detectron's ``SOLVER`` keys in lower case; ``hvd_sched.from_detectron``
+builds one from the upper-case keys or a YAML file.
+
+Example::
+
+    schedule = Schedule(base_lr=0.02, lr_policy="steps_with_decay", steps=[0, 60000, 80000], max_iter=90000)
+    lrs = schedule.lr_at(np.arange(schedule.hold_iter + 1))   # float32 table, bit-identical to Detectron
+    schedule.momentum_corrections(90000)                     # [(60000, 0.100000009), (80000, 0.099999994)]
+    # Plain Keras, LR only (hvd_sched.keras adds the momentum correction and Horovod):
+    set_lr = tf.keras.callbacks.LambdaCallback(on_train_batch_begin=lambda batch, logs: model.optimizer
+                                               .learning_rate.assign(schedule.lr_at(int(model.optimizer.iterations))))
+    model.fit(x, y, epochs=12, callbacks=[set_lr])
+"""
+
+import inspect
+import math
+import numbers
+
+import numpy as np
+
+from . import momentum, policies
+
+__all__ = ["Schedule"]
+
+_SCALE_MOMENTUM_MODES = ("threshold", "every_change")
+_STEP_LIST_POLICIES = ("steps_with_decay", "steps_with_lrs", "steps_with_relative_lrs")
+_LRS_POLICIES = ("steps_with_lrs", "steps_with_relative_lrs")
+
+
+def _key(name):
+    return name.upper()
+
+
+def _number(name, value, *, low=None, high=None, low_open=False):
+    """A finite real (not bool) ``>= low`` (``> low`` if ``low_open``) and ``<= high``, as a Python float.
+
+    The error names the Detectron key (``name`` upper-cased) and the value, e.g. ``WARM_UP_FACTOR must be in
+    (0, 1], got 1.5``.
+    """
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{_key(name)} must be a number, got {value!r} ({type(value).__name__})")
+    if high is not None:
+        bound = f"in {'(' if low_open else '['}{low}, {high}]"
+    else:
+        bound = f"{'>' if low_open else '>='} {low}"
+    number = float(value)
+    too_low = number <= low if low_open else number < low
+    if not math.isfinite(number) or too_low or (high is not None and number > high):
+        raise ValueError(f"{_key(name)} must be {bound}, got {value!r}")
+    return number
+
+
+def _integer(name, value, *, low=0, label=None):
+    """An int (not bool, not float) ``>= low``, as a Python int; ``label`` replaces the upper-cased key."""
+    label = label or _key(name)
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{label} must be an int, got {value!r} ({type(value).__name__})")
+    if value < low:
+        raise ValueError(f"{label} must be >= {low}, got {int(value)!r}")
+    return int(value)
+
+
+def _sequence(name, value):
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple, np.ndarray)):
+        raise TypeError(f"{_key(name)} must be a list, got {value!r} ({type(value).__name__})")
+    return list(value)
+
+
+def _int_list(name, value, *, low=0):
+    items = _sequence(name, value)
+    for item in items:
+        if isinstance(item, (bool, np.bool_)) or not isinstance(item, numbers.Integral):
+            raise TypeError(f"{_key(name)} must be a list of ints, got {items!r}")
+        if item < low:
+            raise ValueError(f"{_key(name)} entries must be >= {low}, got {items!r}")
+    return [int(item) for item in items]
+
+
+def _float_list(name, value):
+    items = _sequence(name, value)
+    for item in items:
+        if isinstance(item, (bool, np.bool_)) or not isinstance(item, numbers.Real):
+            raise TypeError(f"{_key(name)} must be a list of numbers, got {items!r}")
+        if not (math.isfinite(item) and item > 0):
+            raise ValueError(f"{_key(name)} entries must be finite and > 0, got {items!r}")
+    return [float(item) for item in items]
+
+
+def _choice(name, value, choices):
+    if not isinstance(value, str):
+        raise TypeError(f"{_key(name)} must be a string, got {value!r} ({type(value).__name__})")
+    if value not in choices:
+        raise ValueError(f"unknown {_key(name)} {value!r}; expected one of {list(choices)}")
+    return value
+
+
+def _as_iterations(it, hold_iter):
+    """``(int64 1-D array, output shape or None for a scalar)``; rejects bools, floats and negatives.
+
+    Scalars and unsigned arrays are clamped to ``hold_iter`` (exact: the LR is constant from there), so that
+    Python ints beyond int64 work too.
+    """
+    if isinstance(it, (bool, np.bool_)):
+        raise TypeError(f"iteration must be an int or an integer array, got {it!r}")
+    if isinstance(it, numbers.Integral):
+        if it < 0:
+            raise ValueError(f"iteration must be >= 0, got {int(it)}")
+        return np.array([min(int(it), hold_iter)], dtype=np.int64), None
+    array = np.asarray(it)
+    if array.dtype.kind not in "iu" and not (array.size == 0 and array.dtype.kind == "f"):
+        raise TypeError(f"iteration must be an int or an integer array, got dtype {array.dtype}")
+    if array.dtype.kind == "u":
+        array = np.minimum(array, np.uint64(hold_iter))
+    elif array.size and array.min() < 0:
+        raise ValueError(f"iterations must be >= 0, got {int(array.min())}")
+    return array.astype(np.int64, copy=False).reshape(-1), array.shape
+
+
+class Schedule:
+    """Detectron's SOLVER learning-rate schedule: a policy, a warmup, and the momentum-correction rule.
+
+    ``lr(it) = float32(policy(it) * warmup(it))`` exactly as Detectron's ``get_lr_at_iter``: the policy LR in
+    float64, times the warmup factor while ``it < WARM_UP_ITERS`` (``'constant'``: ``WARM_UP_FACTOR``;
+    ``'linear'``: ``WARM_UP_FACTOR * (1 - alpha) + alpha``, ``alpha = it / WARM_UP_ITERS``), rounded to float32.
+    The policies are documented in ``hvd_sched.policies``; the correction rule in ``hvd_sched.momentum``.
+
+    Args:
+        base_lr: BASE_LR, > 0.
+        lr_policy: LR_POLICY, one of ``hvd_sched.policies.POLICIES``.
+        gamma: GAMMA, > 0 (``step``, ``steps_with_decay``, ``exp_decay``, ``variable_stepsize``).
+        step_size: STEP_SIZE, int > 0 (``step``).
+        steps: STEPS, increasing ints starting at 0 (``steps_with_*``; required non-empty there).
+        lrs: LRS, one LR (absolute, or relative to BASE_LR) per STEPS entry (``steps_with_lrs`` / ``_relative_lrs``).
+        max_iter: MAX_ITER, int > 0: the end of ``cosine_decay``, ``exp_decay``, ``poly``; ``step`` holds after it.
+        warm_up_iters: WARM_UP_ITERS, int >= 0 (0: no warmup).
+        warm_up_factor: WARM_UP_FACTOR in (0, 1].
+        warm_up_method: WARM_UP_METHOD, ``'constant'`` or ``'linear'``.
+        scale_momentum: SCALE_MOMENTUM (bool); False turns the correction off.
+        scale_momentum_threshold: SCALE_MOMENTUM_THRESHOLD, >= 1 (``'threshold'`` mode).
+        scale_momentum_mode: SCALE_MOMENTUM_MODE (hvd_sched): ``'threshold'`` (Detectron) or ``'every_change'``.
+        log_lr_change_threshold: LOG_LR_CHANGE_THRESHOLD, >= 1: the glue logs LR changes whose ratio exceeds it.
+        momentum: MOMENTUM in [0, 1], carried for the optimizer.
+        weight_decay: WEIGHT_DECAY >= 0, carried for the optimizer.
+        lr_factor: LR_FACTOR > 0 (the seed's), carried for the optimizer glue; ``lr_at`` does not apply it.
+        step_sizes: STEP_SIZES, positive ints: the stage lengths of ``variable_stepsize`` (required there).
+        power: POWER > 0, the exponent of ``poly``.
+
+    Raises:
+        ValueError: for an invalid value; the message names the key and the value.
+        TypeError: for a value of the wrong type (bool is not a number).
+
+    Example:
+        >>> s = Schedule(base_lr=0.02, lr_policy="steps_with_decay", steps=[0, 60, 80], max_iter=90,
+        ...              warm_up_iters=0)
+        >>> s.lr_at(70), s.hold_iter, s.momentum_corrections(90)
+        (0.0020000000949949026, 80, [(60, 0.10000000894069672), (80, 0.09999999403953552)])
+    """
+
+    def __init__(self, base_lr=0.001, lr_policy="step", gamma=0.1, step_size=30000, steps=(), lrs=(),
+                 max_iter=40000, warm_up_iters=500, warm_up_factor=1.0 / 3.0, warm_up_method="linear",
+                 scale_momentum=True, scale_momentum_threshold=1.1, scale_momentum_mode="threshold",
+                 log_lr_change_threshold=1.1, momentum=0.9, weight_decay=0.0005, lr_factor=1.0,
+                 step_sizes=(), power=1.0):
+        self._base_lr = _number("base_lr", base_lr, low=0, low_open=True)
+        self._lr_policy = _choice("lr_policy", lr_policy, policies.POLICIES)
+        self._gamma = _number("gamma", gamma, low=0, low_open=True)
+        self._step_size = _integer("step_size", step_size, low=1)
+        self._steps = _int_list("steps", steps)
+        self._lrs = _float_list("lrs", lrs)
+        self._max_iter = _integer("max_iter", max_iter, low=1)
+        self._warm_up_iters = _integer("warm_up_iters", warm_up_iters, low=0)
+        self._warm_up_factor = _number("warm_up_factor", warm_up_factor, low=0, high=1, low_open=True)
+        self._warm_up_method = _choice("warm_up_method", warm_up_method, policies.WARM_UP_METHODS)
+        if not isinstance(scale_momentum, (bool, np.bool_)):
+            raise TypeError(f"SCALE_MOMENTUM must be a bool, got {scale_momentum!r}")
+        self._scale_momentum = bool(scale_momentum)
+        self._scale_momentum_threshold = _number("scale_momentum_threshold", scale_momentum_threshold, low=1)
+        self._scale_momentum_mode = _choice("scale_momentum_mode", scale_momentum_mode, _SCALE_MOMENTUM_MODES)
+        self._log_lr_change_threshold = _number("log_lr_change_threshold", log_lr_change_threshold, low=1)
+        self._momentum = _number("momentum", momentum, low=0, high=1)
+        self._weight_decay = _number("weight_decay", weight_decay, low=0)
+        self._lr_factor = _number("lr_factor", lr_factor, low=0, low_open=True)
+        self._step_sizes = _int_list("step_sizes", step_sizes, low=1)
+        self._power = _number("power", power, low=0, low_open=True)
+        self._check_policy_keys()
+
+    def _check_policy_keys(self):
+        steps = self._steps
+        if steps and steps[0] != 0:
+            raise ValueError(f"STEPS must start at 0, got {steps!r}")
+        if any(later <= earlier for earlier, later in zip(steps, steps[1:])):
+            raise ValueError(f"STEPS must be strictly increasing, got {steps!r}")
+        policy = self._lr_policy
+        if policy in _STEP_LIST_POLICIES and not steps:
+            raise ValueError(f"STEPS must be non-empty for LR_POLICY {policy!r}, got {steps!r}")
+        if policy in _LRS_POLICIES and len(self._lrs) != len(steps):
+            raise ValueError(f"LRS must have one entry per STEPS entry ({len(steps)}) for LR_POLICY {policy!r}, "
+                             f"got {self._lrs!r}")
+        if policy == "variable_stepsize" and not self._step_sizes:
+            raise ValueError(f"STEP_SIZES must be non-empty for LR_POLICY {policy!r}, got {self._step_sizes!r}")
+        decays = {"step": self._max_iter // self._step_size, "steps_with_decay": len(steps) - 1,
+                  "variable_stepsize": len(self._step_sizes)}
+        if policy in decays:  # GAMMA > 1: the largest exponent gives the largest LR
+            try:
+                largest = policies.decay_table(self._base_lr, self._gamma, decays[policy], decays[policy])
+            except OverflowError:
+                largest = np.array([np.inf])
+            if not np.isfinite(largest).all():
+                raise ValueError(f"GAMMA {self._gamma!r} overflows BASE_LR * GAMMA ** {decays[policy]} for "
+                                 f"LR_POLICY {policy!r}")
+
+    # ------------------------------------------------------------------ the schedule
+
+    def _policy_lr(self, its):
+        policy = self._lr_policy
+        if policy == "step":
+            return policies.step(its, self._base_lr, self._gamma, self._step_size, self._max_iter)
+        if policy == "steps_with_decay":
+            return policies.steps_with_decay(its, self._base_lr, self._gamma, self._steps)
+        if policy == "steps_with_lrs":
+            return policies.steps_with_lrs(its, self._steps, self._lrs)
+        if policy == "steps_with_relative_lrs":
+            return policies.steps_with_relative_lrs(its, self._base_lr, self._steps, self._lrs)
+        if policy == "cosine_decay":
+            return policies.cosine_decay(its, self._base_lr, self._max_iter)
+        if policy == "exp_decay":
+            return policies.exp_decay(its, self._base_lr, self._gamma, self._max_iter)
+        if policy == "poly":
+            return policies.poly(its, self._base_lr, self._max_iter, self._power)
+        return policies.variable_stepsize(its, self._base_lr, self._gamma, self._step_sizes)
+
+    def lr_at(self, it):
+        """The learning rate at 0-based iteration ``it``, as Detectron's ``get_lr_at_iter(it)``.
+
+        Args:
+            it: an int, or an integer array (vectorised: no Python loop).
+
+        Returns:
+            A Python float (the value of the float32) for an int; a float32 array of ``it``'s shape for an array.
+
+        Raises:
+            ValueError: for a negative iteration.
+            TypeError: for a bool, a float or a non-integer array.
+        """
+        its, shape = _as_iterations(it, self.hold_iter)
+        lr = self._policy_lr(its)
+        warming = np.flatnonzero(its < self._warm_up_iters)
+        if warming.size:
+            lr[warming] *= policies.warmup_factor(its[warming], self._warm_up_method, self._warm_up_iters,
+                                                  self._warm_up_factor)
+        lr32 = lr.astype(np.float32)
+        return float(lr32[0]) if shape is None else lr32.reshape(shape)
+
+    @property
+    def hold_iter(self):
+        """The iteration from which the LR never changes: ``lr_at(it) == lr_at(hold_iter)`` for every ``it >=
+        hold_iter``, so ``lr_at(np.arange(hold_iter + 1))`` is a complete lookup table.
+
+        It is the last phase boundary at which the LR can change: the last multiple of STEP_SIZE up to MAX_ITER
+        (``step``), the last STEPS entry, the last stage end, or MAX_ITER (continuous policies), and WARM_UP_ITERS
+        if later (except for ``cosine_decay`` and ``poly``, which hold 0 past MAX_ITER whatever the warmup). It is
+        the smallest such iteration unless the values themselves repeat (GAMMA 1, equal LRS entries).
+        """
+        policy = self._lr_policy
+        if policy in ("cosine_decay", "poly"):
+            return self._max_iter
+        if policy == "step":
+            last_change = (self._max_iter // self._step_size) * self._step_size
+        elif policy in _STEP_LIST_POLICIES:
+            last_change = self._steps[-1]
+        elif policy == "variable_stepsize":
+            last_change = sum(self._step_sizes)
+        else:
+            last_change = self._max_iter
+        return max(last_change, self._warm_up_iters)
+
+    @property
+    def correction_mode(self):
+        """``'off'`` if not SCALE_MOMENTUM, else SCALE_MOMENTUM_MODE (``'threshold'`` or ``'every_change'``)."""
+        return self._scale_momentum_mode if self._scale_momentum else "off"
+
+    def momentum_corrections(self, stop, start=0):
+        """Where the momentum-correction rule rescales the momentum buffers, walking ``start..stop-1``.
+
+        As Detectron's training loop (``UpdateWorkspaceLr`` / ``_SetNewLr``): at each iteration ``cur`` is the LR
+        of the previous iteration (0 before iteration 0, so iteration 0 never corrects) and ``new = lr_at(it)``.
+        For ``start > 0`` (a resumed run) ``cur`` at ``start`` is ``lr_at(start - 1)``, as in an uninterrupted run;
+        Detectron's LR blob restarts at 0 after a resume and so skips a correction due at ``start``, hvd_sched
+        deliberately does not.
+
+        Args:
+            stop: one past the last iteration walked (int >= 0), e.g. MAX_ITER.
+            start: the first iteration walked (0 <= start <= stop).
+
+        Returns:
+            A list of ``(iteration, factor)``: ``factor`` is ``new / cur`` in float32, as a Python float.
+
+        Raises:
+            ValueError: for a negative ``stop`` or ``start`` outside ``[0, stop]``.
+            TypeError: for non-int arguments.
+        """
+        stop = _integer("stop", stop, low=0, label="stop")
+        start = _integer("start", start, low=0, label="start")
+        if start > stop:
+            raise ValueError(f"start must be <= stop, got start={start}, stop={stop}")
+        # Past hold_iter the LR does not change, so no iteration after it can correct.
+        stop = min(stop, self.hold_iter + 1)
+        if start >= stop:
+            return []
+        its = np.arange(start, stop, dtype=np.int64)
+        new = self.lr_at(its)
+        first_cur = self.lr_at(start - 1) if start > 0 else 0.0
+        cur = np.concatenate([np.array([first_cur], dtype=np.float32), new[:-1]])
+        mask, factors = momentum.correction_factors(cur, new, self.correction_mode, self._scale_momentum_threshold)
+        return [(int(it), float(factor)) for it, factor in zip(its[mask], factors[mask])]
+
+    def boundaries(self):
+        """Sorted unique iterations where a phase starts or ends: 0, WARM_UP_ITERS (if > 0), each step or stage
+        end of the policy (``step``: the multiples of STEP_SIZE up to MAX_ITER), and MAX_ITER."""
+        points = {0, self._max_iter}
+        if self._warm_up_iters > 0:
+            points.add(self._warm_up_iters)
+        if self._lr_policy == "step":
+            points.update(range(self._step_size, self._max_iter + 1, self._step_size))
+        elif self._lr_policy in _STEP_LIST_POLICIES:
+            points.update(self._steps)
+        elif self._lr_policy == "variable_stepsize":
+            points.update(policies.stage_ends(self._step_sizes))
+        return sorted(points)
+
+    # ------------------------------------------------------------------ serialization
+
+    def get_config(self):
+        """Every constructor argument, JSON-friendly (lists, not tuples); ``from_config`` rebuilds an equal one."""
+        return {
+            "base_lr": self._base_lr, "lr_policy": self._lr_policy, "gamma": self._gamma,
+            "step_size": self._step_size, "steps": list(self._steps), "lrs": list(self._lrs),
+            "max_iter": self._max_iter, "warm_up_iters": self._warm_up_iters,
+            "warm_up_factor": self._warm_up_factor, "warm_up_method": self._warm_up_method,
+            "scale_momentum": self._scale_momentum, "scale_momentum_threshold": self._scale_momentum_threshold,
+            "scale_momentum_mode": self._scale_momentum_mode,
+            "log_lr_change_threshold": self._log_lr_change_threshold, "momentum": self._momentum,
+            "weight_decay": self._weight_decay, "lr_factor": self._lr_factor,
+            "step_sizes": list(self._step_sizes), "power": self._power,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        """``cls(**config)``: the inverse of ``get_config`` (also after a JSON round trip)."""
+        return cls(**config)
+
+    def __eq__(self, other):
+        if not isinstance(other, Schedule):
+            return NotImplemented
+        return self.get_config() == other.get_config()
+
+    __hash__ = None
+
+    def __repr__(self):
+        arguments = ", ".join(f"{name}={value!r}" for name, value in self.get_config().items())
+        return f"{type(self).__name__}({arguments})"
+
+
+def _read_only(name):
+    def getter(self):
+        value = getattr(self, "_" + name)
+        return list(value) if isinstance(value, list) else value
+
+    return property(getter, doc=f"{name.upper()} (read-only; see the class docstring).")
+
+
+for _name in inspect.signature(Schedule.__init__).parameters:
+    if _name != "self":
+        setattr(Schedule, _name, _read_only(_name))
+del _name
