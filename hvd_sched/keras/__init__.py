@@ -6,6 +6,8 @@
 - `LearningRateLogger`: `learning_rate` in Keras logs for a ScheduledOptimizer.
 - `horovod_callbacks(...)`: broadcast, metric averaging and the LR callback, in order.
 - `ScheduleLR(schedule)`: the schedule as a Keras LearningRateSchedule (no correction).
+- `EpochCheckpoint` / `restore_latest`: atomic per-epoch checkpoints on rank 0, restored on every rank.
+- `StopOnNonFinite`, `RankConsistencyCheck`: a NaN loss or disagreeing ranks stop the job with a clear message.
 
 Example:
     >>> import tensorflow as tf, horovod.tensorflow.keras as hvd, hvd_sched
@@ -18,8 +20,11 @@ Example:
 """
 
 from .callbacks import LearningRateLogger, ScheduleCallback, horovod_callbacks
+from .checkpoint import EpochCheckpoint, latest_checkpoint, restore_latest
+from .guards import NonFiniteLossError, RankConsistencyCheck, RankMismatchError, StopOnNonFinite
 from .lr_schedule import ScheduleLR
 from .optimizer import ScheduledOptimizer, custom_objects, is_scheduled, scheduled_class
 
 __all__ = ["ScheduledOptimizer", "ScheduleCallback", "LearningRateLogger", "horovod_callbacks", "ScheduleLR",
-           "is_scheduled", "scheduled_class", "custom_objects"]
+           "is_scheduled", "scheduled_class", "custom_objects", "EpochCheckpoint", "latest_checkpoint",
+           "restore_latest", "StopOnNonFinite", "RankConsistencyCheck", "NonFiniteLossError", "RankMismatchError"]

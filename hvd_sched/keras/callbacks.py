@@ -170,15 +170,18 @@ class LearningRateLogger(_IterationTracker):
 
 
 def horovod_callbacks(schedule_callback=None, *, root_rank=0, average_metrics=True, log_lr=True,
-                      per_batch_lr=True):
+                      per_batch_lr=True, check_ranks=True, stop_on_nonfinite=True, checkpoint_dir=None):
     """The usual callback list of a Horovod Keras job, in the order that works.
 
-    1. `hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank)`: rank 0's weights and optimizer state to all
+    1. `RankConsistencyCheck`: fail on every rank, before the first step, if the ranks' schedules, settings or
+       starting iterations differ (one allgather per `fit`);
+    2. `hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank)`: rank 0's weights and optimizer state to all
        (at the end of the first batch, once the slots exist);
-    2. `hvd.callbacks.MetricAverageCallback()`: epoch metrics averaged over ranks, before anything logs them;
-    3. `schedule_callback` (a ScheduleCallback) if given, else a `LearningRateLogger` (for ScheduledOptimizer).
+    3. `hvd.callbacks.MetricAverageCallback()`: epoch metrics averaged over ranks, before anything logs them;
+    4. `schedule_callback` (a ScheduleCallback) if given, else a `LearningRateLogger` (for ScheduledOptimizer);
+    5. `StopOnNonFinite`: a NaN/Inf loss stops the job with the iteration and the LR in the message.
 
-    Append checkpointing/TensorBoard callbacks after these (on rank 0 only for checkpoints).
+    Append checkpointing (`EpochCheckpoint`) and TensorBoard after these.
 
     Args:
         schedule_callback: a ScheduleCallback for users who keep their own optimizer, or None.
@@ -186,19 +189,29 @@ def horovod_callbacks(schedule_callback=None, *, root_rank=0, average_metrics=Tr
         average_metrics: include MetricAverageCallback.
         log_lr: include a LearningRateLogger when no schedule_callback is given.
         per_batch_lr: the logger also writes batch logs.
+        check_ranks: include RankConsistencyCheck.
+        stop_on_nonfinite: include StopOnNonFinite.
+        checkpoint_dir: the EpochCheckpoint directory, named in StopOnNonFinite's message.
 
     Returns:
         A list of callbacks for `model.fit(callbacks=...)`.
     """
     import horovod.tensorflow.keras as hvd
 
-    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank)]
+    from .guards import RankConsistencyCheck, StopOnNonFinite
+
+    if schedule_callback is not None and not isinstance(schedule_callback, ScheduleCallback):
+        raise TypeError(f"schedule_callback must be a ScheduleCallback, got {type(schedule_callback).__name__}")
+    callbacks = []
+    if check_ranks:
+        callbacks.append(RankConsistencyCheck(schedule_callback.schedule if schedule_callback else None))
+    callbacks.append(hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank))
     if average_metrics:
         callbacks.append(hvd.callbacks.MetricAverageCallback())
     if schedule_callback is not None:
-        if not isinstance(schedule_callback, ScheduleCallback):
-            raise TypeError(f"schedule_callback must be a ScheduleCallback, got {type(schedule_callback).__name__}")
         callbacks.append(schedule_callback)
     elif log_lr:
         callbacks.append(LearningRateLogger(per_batch=per_batch_lr))
+    if stop_on_nonfinite:
+        callbacks.append(StopOnNonFinite(checkpoint_dir))
     return callbacks

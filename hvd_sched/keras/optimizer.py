@@ -313,8 +313,10 @@ def ScheduledOptimizer(optimizer, schedule, *, momentum_correction=None, correct
     if _slots.is_horovod_wrapped(optimizer):
         raise ValueError("wrap in the other order: hvd.DistributedOptimizer(ScheduledOptimizer(opt, schedule)); "
                          "Horovod's optimizer class cannot be subclassed again")
+    schedule = as_schedule(schedule)
+    _slots.resolve_correction_mode(optimizer, schedule, momentum_correction)  # errors name the user's class
     config = optimizer.get_config()
-    config.update(schedule=as_schedule(schedule), momentum_correction=momentum_correction,
+    config.update(schedule=schedule, momentum_correction=momentum_correction,
                   correction_threshold=correction_threshold, lr_multipliers=lr_multipliers,
                   log_corrections=log_corrections)
     return scheduled_class(type(optimizer)).from_config(config)

@@ -1,0 +1,184 @@
+"""Per-epoch checkpoints that a killed process cannot tear, and restoring the latest on every rank.
+
+Layout of a checkpoint directory:
+
+    DIR/epoch-0003/ckpt.index, ckpt.data-*   a complete `tf.train.Checkpoint(model=, optimizer=)`
+    DIR/epoch-0003/meta.json                 {"epoch": 3, "iteration": 120, ...}
+    DIR/latest                               "epoch-0003": the newest complete checkpoint
+
+Rank 0 writes each checkpoint into a temporary folder, fsyncs it, renames the folder into place, and only then
+replaces `latest` (write a temporary file, fsync, `os.replace`). A process killed at any moment therefore leaves
+`latest` naming a complete checkpoint; the torn temporary folder is removed at the next save.
+"""
+
+import json
+import os
+import shutil
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from . import _slots
+
+__all__ = ["EpochCheckpoint", "latest_checkpoint", "restore_latest"]
+
+_LATEST = "latest"
+_PREFIX = "ckpt"
+
+
+def _fsync_dir(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(path):
+    for name in os.listdir(path):
+        with open(os.path.join(path, name), "rb") as f:
+            os.fsync(f.fileno())
+    _fsync_dir(path)
+
+
+def latest_checkpoint(directory):
+    """The metadata of the newest complete checkpoint in `directory` (with its "path"), or None."""
+    pointer = os.path.join(directory, _LATEST)
+    try:
+        with open(pointer) as f:
+            name = f.read().strip()
+    except FileNotFoundError:
+        return None
+    path = os.path.join(directory, name)
+    with open(os.path.join(path, "meta.json")) as f:
+        meta = json.load(f)
+    meta["path"] = path
+    return meta
+
+
+def _build_optimizer(optimizer, model):
+    """Create the optimizer's slots so a restore fills them now instead of deferring."""
+    if _slots.is_legacy(optimizer):
+        optimizer._create_all_weights(model.trainable_variables)
+    else:
+        optimizer.build(model.trainable_variables)
+
+
+def _optimizer_variables(optimizer):
+    variables = optimizer.variables
+    return list(variables() if callable(variables) else variables)
+
+
+def restore_latest(directory, model, optimizer=None):
+    """Restore the newest complete checkpoint of `directory` into `model` (and its optimizer) on every rank.
+
+    Every rank reads the checkpoint (a shared or copied directory); under Horovod rank 0's metadata and then
+    its variables are broadcast as well, so ranks that could not read it, or read a different one, agree.
+    Continue with `model.fit(..., initial_epoch=meta["epoch"] + 1)`.
+
+    Args:
+        directory: the EpochCheckpoint directory.
+        model: the compiled model to restore into.
+        optimizer: default `model.optimizer`.
+
+    Returns:
+        The checkpoint's metadata dict ("epoch", "iteration", "path", ...), or None if there is none yet.
+    """
+    optimizer = optimizer or model.optimizer
+    meta = latest_checkpoint(directory)
+    if meta is not None:
+        _build_optimizer(optimizer, model)
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+        checkpoint.read(os.path.join(meta["path"], _PREFIX)).assert_existing_objects_matched()
+    hvd = _horovod()
+    if hvd is not None and hvd.size() > 1:
+        meta = hvd.broadcast_object(meta, root_rank=0, name="hvd_sched_restore_meta")
+        if meta is not None:
+            _build_optimizer(optimizer, model)
+            hvd.broadcast_variables(model.variables + _optimizer_variables(optimizer), root_rank=0)
+    return meta
+
+
+def _horovod():
+    try:
+        import horovod.tensorflow as hvd
+    except ImportError:
+        return None
+    return hvd if hvd.is_initialized() else None
+
+
+class EpochCheckpoint(tf.keras.callbacks.Callback):
+    """At each epoch end, rank 0 writes model + optimizer state atomically (see the module docstring).
+
+    Training state is the optimizer's iteration counter and slots, so a restored model continues the schedule
+    exactly. An epoch whose loss is NaN/Inf is not saved: the latest checkpoint stays the last good one.
+
+    Example:
+        >>> meta = hvd_sched.keras.restore_latest("runs/ckpt", model)
+        >>> start = 0 if meta is None else meta["epoch"] + 1
+        >>> model.fit(x, y, initial_epoch=start, epochs=10,
+        ...           callbacks=horovod_callbacks() + [EpochCheckpoint("runs/ckpt")])
+
+    Args:
+        directory: where checkpoints go (created on rank 0).
+        keep: how many complete checkpoints to keep (oldest removed first).
+        root_rank: the rank that writes.
+    """
+
+    def __init__(self, directory, keep=3, root_rank=0):
+        super().__init__()
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"keep must be an int >= 1, got {keep!r}")
+        self.directory = os.fspath(directory)
+        self.keep = keep
+        self.root_rank = root_rank
+
+    def on_epoch_end(self, epoch, logs=None):
+        if _slots.rank() != self.root_rank:
+            return
+        loss = (logs or {}).get("loss")
+        if loss is not None and not np.isfinite(loss):
+            print(f"hvd_sched: epoch {epoch} ended with loss {loss}; not saving it, the latest checkpoint stays "
+                  f"{latest_checkpoint(self.directory)}", file=sys.stderr, flush=True)
+            return
+        self.save(epoch)
+
+    def save(self, epoch):
+        """Write the checkpoint of `epoch` and point `latest` at it; returns its path."""
+        os.makedirs(self.directory, exist_ok=True)
+        self._remove_torn()
+        name = f"epoch-{epoch:04d}"
+        final = os.path.join(self.directory, name)
+        tmp = os.path.join(self.directory, f".tmp-{name}-{os.getpid()}")
+        os.makedirs(tmp)
+        optimizer = self.model.optimizer
+        tf.train.Checkpoint(model=self.model, optimizer=optimizer).write(os.path.join(tmp, _PREFIX))
+        meta = {"epoch": int(epoch), "iteration": int(tf.keras.backend.get_value(optimizer.iterations)),
+                "time": time.time()}
+        with open(os.path.join(tmp, "meta.json"), "w") as f:
+            json.dump(meta, f)
+        _fsync_tree(tmp)
+        if os.path.exists(final):  # re-running an epoch after a resume
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+        pointer_tmp = os.path.join(self.directory, f".{_LATEST}.tmp")
+        with open(pointer_tmp, "w") as f:
+            f.write(name)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(pointer_tmp, os.path.join(self.directory, _LATEST))
+        _fsync_dir(self.directory)
+        self._remove_old(name)
+        return final
+
+    def _remove_torn(self):
+        for entry in os.listdir(self.directory):
+            if entry.startswith(".tmp-"):
+                shutil.rmtree(os.path.join(self.directory, entry), ignore_errors=True)
+
+    def _remove_old(self, newest):
+        complete = sorted(e for e in os.listdir(self.directory) if e.startswith("epoch-") and e <= newest)
+        for entry in complete[:-self.keep]:
+            shutil.rmtree(os.path.join(self.directory, entry), ignore_errors=True)

@@ -1,0 +1,68 @@
+"""A Horovod Keras job used by test_reliability.py: 2 ranks, per-epoch atomic checkpoints, optional resume.
+
+Run under `horovodrun -np 2 --gloo` with HVD_SCHED_TEST_OUT set (see tests/conftest.py).
+"""
+
+import argparse
+import os
+import time
+
+import numpy as np
+import tensorflow as tf
+
+import horovod.tensorflow.keras as hvd
+
+import hvd_sched
+import rankutil
+from hvd_sched.keras import EpochCheckpoint, ScheduledOptimizer, horovod_callbacks, restore_latest
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--ckpt", required=True)
+parser.add_argument("--epochs", type=int, default=6)
+parser.add_argument("--sleep", type=float, default=0.0, help="seconds per batch, to give a test time to act")
+parser.add_argument("--resume", action="store_true")
+parser.add_argument("--diverge-at", type=int, default=0, help="iteration from which the LR is 1e8")
+parser.add_argument("--rank1-base-lr", type=float, default=None, help="a misconfigured rank 1")
+args = parser.parse_args()
+
+hvd.init()
+rank, size = hvd.rank(), hvd.size()
+with open(os.path.join(os.environ["HVD_SCHED_TEST_OUT"], f"pid{rank}"), "w") as f:
+    f.write(str(os.getpid()))
+tf.config.experimental.enable_op_determinism()
+
+GLOBAL_BATCH, STEPS = 16, 10
+x, y = rankutil.make_regression(n=GLOBAL_BATCH * STEPS, seed=3)
+xs = x.reshape(STEPS, size, GLOBAL_BATCH // size, -1)[:, rank].reshape(-1, x.shape[1])
+ys = y.reshape(STEPS, size, GLOBAL_BATCH // size, -1)[:, rank].reshape(-1, y.shape[1])
+
+solver = {"BASE_LR": 0.2, "LR_POLICY": "steps_with_decay", "GAMMA": 0.5, "STEPS": [0, 20, 40],
+          "MAX_ITER": 60, "WARM_UP_ITERS": 5, "WARM_UP_FACTOR": 0.25, "WARM_UP_METHOD": "linear"}
+if args.diverge_at:
+    solver.update(LR_POLICY="steps_with_lrs", STEPS=[0, args.diverge_at], LRS=[0.05, 1e8])
+if rank == 1 and args.rank1_base_lr is not None:
+    solver["BASE_LR"] = args.rank1_base_lr
+schedule = hvd_sched.from_detectron(solver)
+
+tf.keras.utils.set_random_seed(1)
+model = tf.keras.Sequential([tf.keras.Input((5,)), tf.keras.layers.Dense(8, activation="tanh"),
+                             tf.keras.layers.Dense(3)])
+model.compile(hvd.DistributedOptimizer(ScheduledOptimizer(tf.keras.optimizers.SGD(momentum=0.9), schedule)), "mse")
+
+meta = restore_latest(args.ckpt, model) if args.resume else None
+start = 0 if meta is None else meta["epoch"] + 1
+
+
+class Slow(tf.keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        time.sleep(args.sleep)
+
+
+callbacks = horovod_callbacks(checkpoint_dir=args.ckpt) + [EpochCheckpoint(args.ckpt)]
+if args.sleep:
+    callbacks.append(Slow())
+model.fit(xs, ys, batch_size=GLOBAL_BATCH // size, epochs=args.epochs, initial_epoch=start, shuffle=False,
+          verbose=0, callbacks=callbacks)
+rankutil.emit({"weights": model.get_weights(), "start": start,
+               "iterations": int(model.optimizer.iterations.numpy()),
+               "finite": bool(all(np.isfinite(w).all() for w in model.get_weights()))})
