@@ -7,6 +7,7 @@
 - `horovod_callbacks(...)`: broadcast, metric averaging and the LR callback, in order.
 - `ScheduleLR(schedule)`: the schedule as a Keras LearningRateSchedule (no correction).
 - `EpochCheckpoint` / `restore_latest`: atomic per-epoch checkpoints on rank 0, restored on every rank.
+- `ElasticLRScaler`: elastic Horovod reset callback; the LR follows the world size, slots rescaled.
 - `StopOnNonFinite`, `RankConsistencyCheck`: a NaN loss or disagreeing ranks stop the job with a clear message.
 
 Example:
@@ -20,6 +21,7 @@ Example:
 """
 
 from .callbacks import LearningRateLogger, ScheduleCallback, horovod_callbacks
+from .elastic import ElasticLRScaler
 from .checkpoint import EpochCheckpoint, latest_checkpoint, restore_latest
 from .guards import NonFiniteLossError, RankConsistencyCheck, RankMismatchError, StopOnNonFinite
 from .lr_schedule import ScheduleLR
@@ -27,4 +29,5 @@ from .optimizer import ScheduledOptimizer, custom_objects, is_scheduled, schedul
 
 __all__ = ["ScheduledOptimizer", "ScheduleCallback", "LearningRateLogger", "horovod_callbacks", "ScheduleLR",
            "is_scheduled", "scheduled_class", "custom_objects", "EpochCheckpoint", "latest_checkpoint",
-           "restore_latest", "StopOnNonFinite", "RankConsistencyCheck", "NonFiniteLossError", "RankMismatchError"]
+           "restore_latest", "StopOnNonFinite", "RankConsistencyCheck", "NonFiniteLossError", "RankMismatchError",
+           "ElasticLRScaler"]

@@ -152,7 +152,13 @@ class LearningRateLogger(_IterationTracker):
             self._lrs = lr_table(self.schedule)
 
     def _lr_of(self, batch):
-        return float(self._lrs[min(self._iteration(batch), self._lrs.shape[0] - 1)])
+        return self._lr_at(self._iteration(batch))
+
+    def _lr_at(self, iteration):
+        optimizer = self.model.optimizer
+        if is_scheduled(optimizer) and optimizer.schedule == self.schedule:
+            return optimizer.lr_at(iteration)  # includes an elastic world-size scale
+        return float(self._lrs[min(iteration, self._lrs.shape[0] - 1)])
 
     def on_train_batch_end(self, batch, logs=None):  # replaced per instance when per_batch=False
         self._last_batch = batch
@@ -163,7 +169,7 @@ class LearningRateLogger(_IterationTracker):
         if logs is None:
             return
         if self._last_batch is None:  # batch hooks off: the epoch ran up to the current iteration
-            logs[LOG_KEY] = float(self._lrs[min(max(self._read_iterations() - 1, 0), self._lrs.shape[0] - 1)])
+            logs[LOG_KEY] = self._lr_at(max(self._read_iterations() - 1, 0))
         else:
             logs[LOG_KEY] = self._lr_of(self._last_batch)
         self._last_batch = None

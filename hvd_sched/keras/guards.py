@@ -30,7 +30,7 @@ class RankMismatchError(ValueError):
 
 def _current_lr(optimizer, iteration):
     if is_scheduled(optimizer):
-        return optimizer.schedule.lr_at(iteration)
+        return optimizer.lr_at(iteration)
     return float(tf.keras.backend.get_value(optimizer.learning_rate))
 
 

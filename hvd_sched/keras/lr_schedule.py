@@ -29,12 +29,16 @@ class ScheduleLR(tf.keras.optimizers.schedules.LearningRateSchedule):
     def __init__(self, schedule):
         self.schedule = as_schedule(schedule)
         self._table = lr_table(self.schedule)
+        # A ScheduledOptimizer sets this to its world-size scale variable (elastic Horovod); x * 1.0 == x, so
+        # the LR stays exactly lr_at(step) until the world size changes.
+        self.scale = None
 
     def __call__(self, step):
         with tf.name_scope("hvd_sched_lr"):
             table = tf.constant(self._table, dtype=tf.float32)
             index = tf.minimum(tf.cast(step, tf.int64), np.int64(self.schedule.hold_iter))
-            return tf.gather(table, tf.maximum(index, 0))
+            lr = tf.gather(table, tf.maximum(index, 0))
+            return lr if self.scale is None else lr * self.scale
 
     def get_config(self):
         return {"schedule": self.schedule.get_config()}

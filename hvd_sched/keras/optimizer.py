@@ -113,7 +113,10 @@ class _ScheduledBase:
         kwargs.pop("learning_rate", None)
         kwargs.pop("lr", None)
         schedule_lr = ScheduleLR(as_schedule(schedule))
+        with tf.init_scope():
+            schedule_lr.scale = tf.Variable(1.0, trainable=False, dtype=tf.float32, name="hvd_sched_lr_scale")
         super().__init__(learning_rate=schedule_lr, **kwargs)
+        self._hvd_sched_lr_scale_var = schedule_lr.scale  # tracked: checkpoints keep the world-size scale
         self._hvd_sched = _Options(self, schedule_lr, momentum_correction, correction_threshold, lr_multipliers,
                                    log_corrections)
 
@@ -126,6 +129,42 @@ class _ScheduledBase:
     def momentum_correction_mode(self):
         """The correction mode in force: "threshold", "every_change" or "off"."""
         return self._hvd_sched.mode
+
+    @property
+    def lr_scale(self):
+        """The factor on the schedule's LR (1.0 unless `set_lr_scale` changed it, e.g. on an elastic reset)."""
+        return float(self._hvd_sched_lr_scale_var.numpy())
+
+    def lr_at(self, iteration):
+        """The LR this optimizer uses at `iteration`: `schedule.lr_at(iteration) * lr_scale`, in float32."""
+        return float(np.float32(self.schedule.lr_at(iteration)) * np.float32(self.lr_scale))
+
+    def set_lr_scale(self, scale):
+        """Scale the whole schedule by `scale` from the next step on, rescaling the momentum slots to match.
+
+        The linear scaling rule after a world-size change (elastic Horovod): the LR of every later iteration is
+        `schedule.lr_at(it) * scale`, and, as the LR jumps by new_scale/old_scale, the momentum slots are
+        multiplied by that factor (where they carry the LR and the correction is not off), exactly as at a
+        scheduled LR jump. Call it between steps (eagerly), e.g. from an elastic reset callback.
+
+        Args:
+            scale: a positive finite number.
+
+        Returns:
+            The float32 factor applied to the slots (1.0 if none were rescaled).
+        """
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not np.isfinite(scale) or scale <= 0:
+            raise ValueError(f"scale must be a positive finite number, got {scale!r}")
+        old = np.float32(self.lr_scale)
+        new = np.float32(scale)
+        factor = np.float32(new / old)
+        applied = np.float32(1.0)
+        if factor != 1 and self._hvd_sched.mode != "off":
+            for slot in self._hvd_sched_all_slots():
+                slot.assign(slot * tf.cast(factor, slot.dtype))
+            applied = factor
+        self._hvd_sched_lr_scale_var.assign(new)
+        return float(applied)
 
     def get_config(self):
         config = super().get_config()
@@ -154,6 +193,7 @@ class _ScheduledBase:
             log = self._hvd_sched.log_corrections
             if log:
                 lrs = tf.constant(self._hvd_sched.schedule_lr._table, tf.float32)
+                scale = self._hvd_sched_lr_scale_var
                 at = tf.minimum(step, lrs.shape[0] - 1)
 
             def rescale():
@@ -164,7 +204,7 @@ class _ScheduledBase:
                     # allreduce), so the rank is a value tested in-graph, not a Python branch.
                     def say():
                         tf.print("hvd_sched: momentum correction at iteration", step, ": lr",
-                                 tf.gather(lrs, tf.maximum(at - 1, 0)), "->", tf.gather(lrs, at),
+                                 tf.gather(lrs, tf.maximum(at - 1, 0)) * scale, "->", tf.gather(lrs, at) * scale,
                                  ", momentum slots scaled by", factor, output_stream=sys.stdout)
                         return tf.constant(True)
 
@@ -188,6 +228,9 @@ class _ScheduledNew(_ScheduledBase):
     """For `tf.keras.optimizers.*` (TF 2.11+): the LR multiplier acts through the `learning_rate` property."""
 
     _hvd_sched_lr_scale = None
+
+    def _hvd_sched_all_slots(self):
+        return list(getattr(self, "momentums", None) or [])
 
     def _hvd_sched_build(self, variables, name):
         with tf.name_scope(name or self.name or "optimizer"):
@@ -220,6 +263,9 @@ class _ScheduledNew(_ScheduledBase):
 
 class _ScheduledLegacy(_ScheduledBase):
     """For `tf.keras.optimizers.legacy.*`: the LR multiplier scales the per-variable `lr_t` coefficients."""
+
+    def _hvd_sched_all_slots(self):
+        return [slots["momentum"] for slots in self._slots.values() if "momentum" in slots]
 
     def _hvd_sched_build(self, variables, name):
         with tf.name_scope(name or self._name):

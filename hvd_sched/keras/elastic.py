@@ -1,0 +1,52 @@
+"""Elastic Horovod: keep the linear scaling rule when the world size changes, without losing the schedule.
+
+Each process builds its schedule for the world size it starts with (e.g. BASE_LR = hvd_sched.linear_scaled_lr(
+base, hvd.size())). On an elastic reset `ElasticLRScaler` sets the optimizer's LR scale to
+new_size / start_size, so every later iteration uses `schedule.lr_at(it) * scale` (the LR the schedule would give
+at the new world size), and rescales the momentum slots by new_lr/old_lr at that moment, exactly as a scheduled LR
+jump is corrected (Goyal et al. 2017, sec. 2.1). The iteration counter lives in the optimizer, so
+`hvd.elastic.KerasState` keeps the schedule position across the reset; a process that joins later builds its
+schedule for the size it starts with and receives the slots from rank 0 in the state sync.
+"""
+
+from . import _slots
+from .optimizer import is_scheduled
+
+__all__ = ["ElasticLRScaler"]
+
+
+class ElasticLRScaler:
+    """A reset callback for `hvd.elastic.KerasState.register_reset_callbacks`.
+
+    Example:
+        >>> state = hvd.elastic.KerasState(model, batch=0, epoch=0)
+        >>> state.register_reset_callbacks([hvd_sched.keras.ElasticLRScaler(model.optimizer)])
+
+    Args:
+        optimizer: the (Horovod-wrapped) ScheduledOptimizer, built for the world size at construction time.
+        verbose: 1 prints one line on rank 0 at each rescale.
+    """
+
+    def __init__(self, optimizer, verbose=1):
+        import horovod.tensorflow as hvd
+
+        if not is_scheduled(optimizer):
+            raise TypeError(f"ElasticLRScaler needs a ScheduledOptimizer, got {type(optimizer).__name__}")
+        self.optimizer = optimizer
+        self.verbose = verbose
+        self.start_size = hvd.size()
+        self.history = []
+
+    def __call__(self):
+        import horovod.tensorflow as hvd
+
+        size = hvd.size()
+        old_scale = self.optimizer.lr_scale
+        scale = size / self.start_size
+        factor = self.optimizer.set_lr_scale(scale)
+        iteration = int(self.optimizer.iterations.numpy())
+        self.history.append({"iteration": iteration, "world_size": size, "old_scale": old_scale, "scale": scale,
+                             "slot_factor": factor})
+        if self.verbose and _slots.rank() == 0:
+            print(f"hvd_sched: world size is now {size} at iteration {iteration}: LR scale {old_scale:g} -> "
+                  f"{scale:g}, momentum slots scaled by {factor:g}", flush=True)

@@ -1,0 +1,72 @@
+"""Elastic Horovod on one machine: `horovodrun --min-np 1 --max-np 2` with a host discovery script that drops a
+slot during training. The survivor must keep its iteration, follow the new world size with its LR (linear scaling:
+half the LR at 1 rank) and rescale its momentum slots by new_lr/old_lr = 0.5 at the reset.
+"""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import _env
+
+pytestmark = pytest.mark.multirank
+
+JOB = pathlib.Path(__file__).with_name("elastic_job.py")
+
+
+def test_dropped_slot_rescales_lr_and_slots_and_keeps_the_iteration(tmp_path):
+    drop = tmp_path / "DROP"
+    discover = tmp_path / "discover.sh"
+    discover.write_text(f"#!/bin/sh\nif [ -f {drop} ]; then echo localhost:1; else echo localhost:2; fi\n")
+    discover.chmod(0o755)
+    horovodrun = pathlib.Path(sys.executable).with_name("horovodrun")
+    cmd = [str(horovodrun), "--gloo", "--network-interface", "lo", "-np", "2", "--min-np", "1", "--max-np", "2",
+           "--host-discovery-script", str(discover), sys.executable, str(JOB)]
+    progress = tmp_path / "progress"
+    with open(tmp_path / "stdout.txt", "w") as out, open(tmp_path / "stderr.txt", "w") as err:
+        proc = subprocess.Popen(cmd, env=_env(tmp_path), cwd=str(tmp_path), stdout=out, stderr=err,
+                                start_new_session=True)
+        try:
+            deadline = time.time() + 120
+            while time.time() < deadline and proc.poll() is None:
+                if progress.exists() and progress.read_text() and int(progress.read_text()) >= 25:
+                    dropped_at = int(progress.read_text())
+                    drop.touch()
+                    break
+                time.sleep(0.05)
+            else:
+                pytest.fail("the job did not reach iteration 25:\n" + (tmp_path / "stdout.txt").read_text()[-5000:])
+            returncode = proc.wait(timeout=150)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    output = (tmp_path / "stdout.txt").read_text() + (tmp_path / "stderr.txt").read_text()
+    assert returncode == 0, output[-8000:]
+    survivors = [json.loads(p.read_text()) for p in tmp_path.glob("elastic*.json")]
+    assert len(survivors) == 1, output[-8000:]
+    record = survivors[0]
+    assert record["start_size"] == 2 and record["final_size"] == 1
+    [reset] = record["resets"]
+    assert reset["world_size"] == 1 and reset["old_scale"] == 1.0 and reset["scale"] == 0.5
+    assert reset["slot_factor"] == 0.5
+    np.testing.assert_allclose(reset["slots_after"], 0.5 * reset["slots_before"], rtol=1e-6)
+    assert reset["iteration"] > dropped_at
+    assert "world size is now 1 at iteration" in output
+
+    batches = record["batches"]
+    its = [b["it"] for b in batches]
+    assert its == sorted(set(its)) and its[0] == 0  # the schedule position only moves forward
+    assert len(set(range(its[-1] + 1)) - set(its)) <= 1  # the batch whose end raised the reset is not logged
+    for b in batches:
+        want = b["lr_table"] if b["it"] < reset["iteration"] else float(np.float32(b["lr_table"]) * np.float32(0.5))
+        assert b["lr_used"] == want, b
+        assert b["size"] == (2 if b["it"] < reset["iteration"] else 1)
+    assert record["final_iteration"] >= 80
