@@ -1,0 +1,327 @@
+"""Train a small Keras model on N Horovod ranks with Detectron's solver schedule (hvd_sched).
+
+A complete data-parallel script as users write it::
+
+    horovodrun -np 2 -H localhost:2 --gloo python examples/train_keras.py \
+        --config examples/configs/digits_warmup_steps.yaml --epochs 8 --out runs/demo
+
+What it does, in order: ``hvd.init()``; pin one GPU per local rank (if any); load a dataset (scikit-learn's
+shipped ``load_digits`` by default, generated data with ``--synthetic``, MNIST/CIFAR-10 via
+``tf.keras.datasets`` with network) and give each rank an equal, disjoint shard; build the schedule from a
+Detectron-style YAML (``--config``) or from flags, with the LR scaled linearly by ``hvd.size()``
+(``REFERENCE_WORLD_SIZE``); train with ``hvd.DistributedOptimizer(ScheduledOptimizer(SGD(momentum)))`` and
+Horovod's broadcast and metric-average callbacks; print the LR of every epoch; write TensorBoard logs and
+checkpoints on rank 0; finally print the validation accuracy measured on every rank.
+
+Checkpoints (``OUT/ckpt``): ``tf.train.CheckpointManager`` on rank 0 after each epoch. A save is atomic in the
+sense that matters for ``--resume``: TensorFlow writes the data and index files under the new prefix first and
+the manager rewrites the ``checkpoint`` index file afterwards, itself atomically (temp file + rename), so the
+latest checkpoint it names is always complete; a kill mid-save leaves at worst an unreferenced partial prefix.
+``--resume`` restores the latest checkpoint on every rank from ``OUT`` (so every rank starts the first step from
+the same weights, optimizer slots and iteration count): ``OUT`` must be on a filesystem all ranks can read
+(always true on one machine; use a shared filesystem across machines).
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import tensorflow as tf
+import horovod.tensorflow.keras as hvd
+
+import hvd_sched
+from hvd_sched.keras import ScheduledOptimizer, horovod_callbacks
+
+__all__ = ["load_dataset", "shard", "make_dataset", "build_model", "build_schedule", "EpochReport",
+           "SaveCheckpoint", "main"]
+
+DATASETS = ("digits", "mnist", "cifar10")
+
+
+def parse_args(argv=None):
+    """The command-line flags (``--help`` lists them)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", help="Detectron-style YAML with a SOLVER section (else the schedule flags)")
+    parser.add_argument("--epochs", type=int, help="epochs to train (default: the schedule's MAX_ITER)")
+    parser.add_argument("--batch-size", type=int, default=32, help="batch size per rank (default 32)")
+    parser.add_argument("--dataset", choices=DATASETS, default="digits")
+    parser.add_argument("--synthetic", action="store_true", help="generated data instead of --dataset")
+    parser.add_argument("--out", default="runs/train", help="checkpoints (OUT/ckpt) and TensorBoard (OUT/tb)")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in OUT")
+    parser.add_argument("--seed", type=int, default=0)
+    schedule = parser.add_argument_group("schedule when there is no --config (epoch units, LR for 1 rank)")
+    schedule.add_argument("--base-lr", type=float, default=0.05, help="BASE_LR for one rank, scaled by size")
+    schedule.add_argument("--lr-policy", choices=("steps_with_decay", "cosine_decay"), default="steps_with_decay")
+    schedule.add_argument("--steps-epochs", type=float, nargs="*", default=[0, 5, 7], help="STEPS_EPOCHS")
+    schedule.add_argument("--gamma", type=float, default=0.1)
+    schedule.add_argument("--warmup-epochs", type=float, default=1.0)
+    schedule.add_argument("--warmup-method", choices=("linear", "constant"), default="linear")
+    schedule.add_argument("--warmup-factor", type=float, default=0.1)
+    schedule.add_argument("--momentum", type=float, default=0.9)
+    schedule.add_argument("--weight-decay", type=float, default=1e-4)
+    return parser.parse_args(argv)
+
+
+# ---------------------------------------------------------------------------------------------- data
+
+
+def load_dataset(name, synthetic=False, seed=0):
+    """The whole dataset, identical on every rank (sharding comes after).
+
+    Args:
+        name: ``'digits'`` (scikit-learn's shipped copy, no network), ``'mnist'`` or ``'cifar10'`` (downloaded
+            once per machine by ``tf.keras.datasets`` into ``~/.keras/datasets``).
+        synthetic: generated data instead (ten Gaussian clusters in 64 dimensions, like digits).
+        seed: the seed of the generated data.
+
+    Returns:
+        ``(x_train, y_train, x_val, y_val)``: float32 inputs scaled to [0, 1] and int32 labels.
+    """
+    if synthetic:
+        # Ten Gaussian clusters in 64 dimensions: learnable, like digits, and needs no file.
+        rng = np.random.default_rng(seed)
+        centers = rng.normal(size=(10, 64)).astype(np.float32)
+        y = rng.integers(0, 10, size=2400).astype(np.int32)
+        x = centers[y] + 0.8 * rng.normal(size=(y.size, 64)).astype(np.float32)
+        return x[:2000], y[:2000], x[2000:], y[2000:]
+    if name == "digits":
+        from sklearn.datasets import load_digits  # shipped with scikit-learn: no download
+
+        digits = load_digits()
+        x, y = (digits.data / 16.0).astype(np.float32), digits.target.astype(np.int32)
+        order = np.random.default_rng(1234).permutation(y.size)  # a fixed split, independent of --seed
+        val = order[:360]
+        train = order[360:]
+        return x[train], y[train], x[val], y[val]
+    loader = {"mnist": tf.keras.datasets.mnist, "cifar10": tf.keras.datasets.cifar10}[name]
+    # One download per machine: local rank 0 fetches into ~/.keras/datasets, the others then read the cache.
+    if hvd.local_rank() == 0:
+        loader.load_data()
+    hvd.allreduce(tf.constant(0.0), name="dataset_downloaded")
+    (x_train, y_train), (x_val, y_val) = loader.load_data()
+    if x_train.ndim == 3:
+        x_train, x_val = x_train[..., None], x_val[..., None]
+    scale = np.float32(1.0 / 255.0)
+    return (x_train.astype(np.float32) * scale, y_train.reshape(-1).astype(np.int32),
+            x_val.astype(np.float32) * scale, y_val.reshape(-1).astype(np.int32))
+
+
+def shard(x, y, rank, size):
+    """This rank's contiguous slice of ``(x, y)``.
+
+    Every rank gets ``len(y) // size`` samples (the remainder is dropped), so every rank runs the same number of
+    steps and Horovod's allreduce never waits for a rank that has finished.
+
+    Args:
+        x: inputs, indexed along the first axis.
+        y: labels, as long as ``x``.
+        rank: ``hvd.rank()``.
+        size: ``hvd.size()``.
+
+    Returns:
+        ``(x_shard, y_shard)``.
+    """
+    per_rank = len(y) // size
+    part = slice(rank * per_rank, (rank + 1) * per_rank)
+    return x[part], y[part]
+
+
+def make_dataset(x, y, batch_size, *, seed, training, skip_batches=0):
+    """A ``tf.data`` pipeline over in-memory arrays (for files, add ``.prefetch(tf.data.AUTOTUNE)``).
+
+    Args:
+        x: inputs.
+        y: labels.
+        batch_size: the batch size of this rank.
+        seed: the shuffle seed (training only).
+        training: an endless stream of shuffled full batches; else one pass in order.
+        skip_batches: training batches to skip, so a resumed run sees exactly the batches an uninterrupted one
+            would (``initial_epoch * steps_per_epoch``).
+
+    Returns:
+        A ``tf.data.Dataset`` of ``(x, y)`` batches.
+    """
+    dataset = tf.data.Dataset.from_tensor_slices((x, y))
+    if not training:
+        return dataset.batch(batch_size)
+    dataset = dataset.shuffle(len(y), seed=seed, reshuffle_each_iteration=True).repeat()
+    return dataset.batch(batch_size, drop_remainder=True).skip(skip_batches)
+
+
+# ---------------------------------------------------------------------------------------------- model
+
+
+def build_model(input_shape, num_classes, weight_decay):
+    """An MLP for flat inputs, a small CNN for images, softmax outputs.
+
+    Args:
+        input_shape: one sample's shape, e.g. ``(64,)`` or ``(28, 28, 1)``.
+        num_classes: the number of outputs.
+        weight_decay: Detectron's WEIGHT_DECAY: ``L2(wd / 2)`` on the kernels adds ``wd * w`` to the gradient,
+            as Caffe2's weight decay does (not Keras' decoupled ``weight_decay``).
+
+    Returns:
+        An uncompiled ``tf.keras.Sequential``.
+    """
+    l2 = tf.keras.regularizers.L2(weight_decay / 2.0) if weight_decay > 0 else None
+    layers = tf.keras.layers
+    if len(input_shape) == 1:
+        body = [layers.Dense(64, activation="relu", kernel_regularizer=l2)]
+    else:
+        body = [layers.Conv2D(16, 3, activation="relu", kernel_regularizer=l2), layers.MaxPooling2D(),
+                layers.Conv2D(32, 3, activation="relu", kernel_regularizer=l2), layers.GlobalAveragePooling2D()]
+    return tf.keras.Sequential([tf.keras.Input(input_shape), *body,
+                                layers.Dense(num_classes, activation="softmax", kernel_regularizer=l2)])
+
+
+def build_schedule(args, steps_per_epoch, world_size):
+    """The schedule from ``--config`` (a Detectron YAML) or from the schedule flags, in iterations.
+
+    Args:
+        args: the parsed flags.
+        steps_per_epoch: iterations per epoch, for the ``*_EPOCHS`` keys.
+        world_size: ``hvd.size()``, for REFERENCE_WORLD_SIZE's linear scaling (the flags say 1).
+
+    Returns:
+        An ``hvd_sched.Schedule``.
+
+    Raises:
+        ValueError, TypeError, FileNotFoundError: from ``hvd_sched.from_detectron`` for a bad config.
+    """
+    if args.config:
+        solver = args.config
+    else:
+        solver = {"SOLVER": {
+            "BASE_LR": args.base_lr, "REFERENCE_WORLD_SIZE": 1, "LR_POLICY": args.lr_policy,
+            "GAMMA": args.gamma, "MAX_EPOCHS": args.epochs or 8, "WARM_UP_EPOCHS": args.warmup_epochs,
+            "WARM_UP_METHOD": args.warmup_method, "WARM_UP_FACTOR": args.warmup_factor,
+            "MOMENTUM": args.momentum, "WEIGHT_DECAY": args.weight_decay}}
+        if args.lr_policy == "steps_with_decay":
+            solver["SOLVER"]["STEPS_EPOCHS"] = args.steps_epochs
+    return hvd_sched.from_detectron(solver, steps_per_epoch=steps_per_epoch, world_size=world_size)
+
+
+# ---------------------------------------------------------------------------------------------- callbacks
+
+
+class EpochReport(tf.keras.callbacks.Callback):
+    """Rank 0: one line per epoch with the LR range the schedule gave that epoch and the averaged metrics."""
+
+    def __init__(self, schedule, steps_per_epoch, epochs):
+        super().__init__()
+        self.schedule, self.steps_per_epoch, self.epochs = schedule, steps_per_epoch, epochs
+        self.history = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        first = epoch * self.steps_per_epoch
+        lrs = self.schedule.lr_at(np.arange(first, first + self.steps_per_epoch))
+        lr = f"{lrs[0]:.4g}" if lrs[0] == lrs[-1] else f"{lrs[0]:.4g} -> {lrs[-1]:.4g}"
+        metrics = "  ".join(f"{k} {v:.4f}" for k, v in (logs or {}).items() if k != "learning_rate")
+        print(f"epoch {epoch + 1}/{self.epochs}  lr {lr}  {metrics}", flush=True)
+        self.history.append({"epoch": epoch + 1, "lr_first": float(lrs[0]), "lr_last": float(lrs[-1]),
+                             **{k: float(v) for k, v in (logs or {}).items()}})
+
+
+class SaveCheckpoint(tf.keras.callbacks.Callback):
+    """Rank 0: ``manager.save`` after every epoch, numbered by the epoch just finished."""
+
+    def __init__(self, manager, epoch_variable):
+        super().__init__()
+        self.manager, self.epoch_variable = manager, epoch_variable
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epoch_variable.assign(epoch + 1)
+        self.manager.save(checkpoint_number=epoch + 1)
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+def main(argv=None):
+    """Train, checkpoint, report; returns the exit status. Run it under ``horovodrun`` (or alone, as 1 rank)."""
+    args = parse_args(argv)
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    gpus = tf.config.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if gpus:
+        tf.config.set_visible_devices(gpus[hvd.local_rank()], "GPU")
+    # The same seed on every rank: identical initial weights (Horovod's broadcast only happens after batch 1).
+    tf.keras.utils.set_random_seed(args.seed)
+    tf.config.experimental.enable_op_determinism()
+
+    if rank == 0:
+        os.makedirs(args.out, exist_ok=True)
+    x_train, y_train, x_val, y_val = load_dataset(args.dataset, args.synthetic, args.seed)
+    x_shard, y_shard = shard(x_train, y_train, rank, size)
+    x_val_shard, y_val_shard = shard(x_val, y_val, rank, size)
+    steps_per_epoch = len(y_shard) // args.batch_size
+    if steps_per_epoch < 1:
+        raise SystemExit(f"--batch-size {args.batch_size} is larger than this rank's {len(y_shard)} samples")
+    schedule = build_schedule(args, steps_per_epoch, size)
+    epochs = args.epochs or -(-schedule.max_iter // steps_per_epoch)
+    if rank == 0:
+        source = args.config or "flags"
+        print(f"hvd_sched example: {size} ranks, {len(y_shard)} samples and {steps_per_epoch} steps per epoch "
+              f"per rank (global batch {args.batch_size * size}); schedule from {source}: {schedule.lr_policy}, "
+              f"base LR {schedule.base_lr:.4g}, warmup {schedule.warm_up_iters} its, MAX_ITER {schedule.max_iter}, "
+              f"corrections at {[it for it, _ in schedule.momentum_corrections(epochs * steps_per_epoch)]}",
+              flush=True)
+        if args.config:
+            print(f"  the same schedule: hvd-sched show {args.config} --world-size {size} "
+                  f"--steps-per-epoch {steps_per_epoch}", flush=True)
+
+    model = build_model(x_train.shape[1:], int(y_train.max()) + 1, schedule.weight_decay)
+    optimizer = hvd.DistributedOptimizer(
+        ScheduledOptimizer(tf.keras.optimizers.SGD(momentum=schedule.momentum), schedule))
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    optimizer.build(model.trainable_variables)  # slots exist before a restore, so they are restored too
+
+    epoch_variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch_variable)
+    manager = tf.train.CheckpointManager(checkpoint, os.path.join(args.out, "ckpt"), max_to_keep=3)
+    initial_epoch = 0
+    if args.resume and manager.latest_checkpoint:
+        checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+        initial_epoch = int(epoch_variable.numpy())
+        print(f"rank {rank}: resumed from {manager.latest_checkpoint} at epoch {initial_epoch} "
+              f"(iteration {int(optimizer.iterations.numpy())})", flush=True)
+    elif args.resume and rank == 0:
+        print(f"--resume: no checkpoint in {manager.directory}; starting from scratch", flush=True)
+
+    report = EpochReport(schedule, steps_per_epoch, epochs)
+    callbacks = horovod_callbacks()
+    if rank == 0:
+        # Our own progress bar ahead of the report, so Keras' epoch line is complete before ours is printed.
+        callbacks += [tf.keras.callbacks.ProgbarLogger(count_mode="steps"), report,
+                      SaveCheckpoint(manager, epoch_variable),
+                      tf.keras.callbacks.TensorBoard(os.path.join(args.out, "tb"), write_graph=False,
+                                                     profile_batch=0)]
+    started = time.time()
+    if initial_epoch < epochs:
+        model.fit(make_dataset(x_shard, y_shard, args.batch_size, seed=args.seed + rank, training=True,
+                               skip_batches=initial_epoch * steps_per_epoch),
+                  steps_per_epoch=steps_per_epoch, epochs=epochs, initial_epoch=initial_epoch,
+                  validation_data=make_dataset(x_val_shard, y_val_shard, args.batch_size, seed=0, training=False),
+                  callbacks=callbacks, verbose=1 if rank == 0 else 0)
+
+    # Every rank evaluates the whole validation set: equal numbers show the ranks hold the same weights.
+    _, accuracy = model.evaluate(x_val, y_val, batch_size=256, verbose=0)
+    print(f"rank {rank}: final val accuracy {accuracy:.4f} ({len(y_val)} samples, "
+          f"iteration {int(optimizer.iterations.numpy())})", flush=True)
+    if rank == 0:
+        summary = {"world_size": size, "steps_per_epoch": steps_per_epoch, "epochs": epochs,
+                   "initial_epoch": initial_epoch, "final_val_accuracy": float(accuracy),
+                   "iterations": int(optimizer.iterations.numpy()), "train_seconds": time.time() - started,
+                   "epoch_log": report.history, "schedule": schedule.get_config()}
+        with open(os.path.join(args.out, "summary.json"), "w") as stream:
+            json.dump(summary, stream, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
