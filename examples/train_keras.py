@@ -13,13 +13,12 @@ Detectron-style YAML (``--config``) or from flags, with the LR scaled linearly b
 Horovod's broadcast and metric-average callbacks; print the LR of every epoch; write TensorBoard logs and
 checkpoints on rank 0; finally print the validation accuracy measured on every rank.
 
-Checkpoints (``OUT/ckpt``): ``tf.train.CheckpointManager`` on rank 0 after each epoch. A save is atomic in the
-sense that matters for ``--resume``: TensorFlow writes the data and index files under the new prefix first and
-the manager rewrites the ``checkpoint`` index file afterwards, itself atomically (temp file + rename), so the
-latest checkpoint it names is always complete; a kill mid-save leaves at worst an unreferenced partial prefix.
-``--resume`` restores the latest checkpoint on every rank from ``OUT`` (so every rank starts the first step from
-the same weights, optimizer slots and iteration count): ``OUT`` must be on a filesystem all ranks can read
-(always true on one machine; use a shared filesystem across machines).
+Checkpoints (``OUT/ckpt``): ``hvd_sched.keras.EpochCheckpoint`` writes model + optimizer on rank 0 after each
+epoch, atomically (a temporary folder renamed into place, then the ``latest`` pointer replaced), so a process
+killed mid-save never leaves a torn checkpoint as the latest. ``--resume`` calls ``restore_latest`` on every
+rank: each reads ``OUT/ckpt`` and rank 0's state is then broadcast, so every rank starts the first step from the
+same weights, optimizer slots and iteration count (``OUT`` on a filesystem the ranks can read: always true on one
+machine; across machines a shared filesystem, or rank 0's copy is broadcast to ranks that cannot read it).
 """
 
 import argparse
@@ -33,10 +32,9 @@ import tensorflow as tf
 import horovod.tensorflow.keras as hvd
 
 import hvd_sched
-from hvd_sched.keras import ScheduledOptimizer, horovod_callbacks
+from hvd_sched.keras import EpochCheckpoint, ScheduledOptimizer, horovod_callbacks, restore_latest
 
-__all__ = ["load_dataset", "shard", "make_dataset", "build_model", "build_schedule", "EpochReport",
-           "SaveCheckpoint", "main"]
+__all__ = ["load_dataset", "shard", "make_dataset", "build_model", "build_schedule", "EpochReport", "main"]
 
 DATASETS = ("digits", "mnist", "cifar10")
 
@@ -225,18 +223,6 @@ class EpochReport(tf.keras.callbacks.Callback):
                              **{k: float(v) for k, v in (logs or {}).items()}})
 
 
-class SaveCheckpoint(tf.keras.callbacks.Callback):
-    """Rank 0: ``manager.save`` after every epoch, numbered by the epoch just finished."""
-
-    def __init__(self, manager, epoch_variable):
-        super().__init__()
-        self.manager, self.epoch_variable = manager, epoch_variable
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.epoch_variable.assign(epoch + 1)
-        self.manager.save(checkpoint_number=epoch + 1)
-
-
 # ---------------------------------------------------------------------------------------------- main
 
 
@@ -279,26 +265,23 @@ def main(argv=None):
     optimizer = hvd.DistributedOptimizer(
         ScheduledOptimizer(tf.keras.optimizers.SGD(momentum=schedule.momentum), schedule))
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-    optimizer.build(model.trainable_variables)  # slots exist before a restore, so they are restored too
 
-    epoch_variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="epoch")
-    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, epoch=epoch_variable)
-    manager = tf.train.CheckpointManager(checkpoint, os.path.join(args.out, "ckpt"), max_to_keep=3)
+    checkpoint_dir = os.path.join(args.out, "ckpt")
     initial_epoch = 0
-    if args.resume and manager.latest_checkpoint:
-        checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-        initial_epoch = int(epoch_variable.numpy())
-        print(f"rank {rank}: resumed from {manager.latest_checkpoint} at epoch {initial_epoch} "
-              f"(iteration {int(optimizer.iterations.numpy())})", flush=True)
-    elif args.resume and rank == 0:
-        print(f"--resume: no checkpoint in {manager.directory}; starting from scratch", flush=True)
+    if args.resume:
+        meta = restore_latest(checkpoint_dir, model)  # every rank reads; rank 0's state is broadcast
+        if meta is not None:
+            initial_epoch = meta["epoch"] + 1
+            print(f"rank {rank}: resumed from {meta['path']} at epoch {initial_epoch} "
+                  f"(iteration {int(optimizer.iterations.numpy())})", flush=True)
+        elif rank == 0:
+            print(f"--resume: no checkpoint in {checkpoint_dir}; starting from scratch", flush=True)
 
     report = EpochReport(schedule, steps_per_epoch, epochs)
-    callbacks = horovod_callbacks()
+    callbacks = horovod_callbacks(checkpoint_dir=checkpoint_dir) + [EpochCheckpoint(checkpoint_dir)]  # rank 0 writes
     if rank == 0:
         # Our own progress bar ahead of the report, so Keras' epoch line is complete before ours is printed.
         callbacks += [tf.keras.callbacks.ProgbarLogger(count_mode="steps"), report,
-                      SaveCheckpoint(manager, epoch_variable),
                       tf.keras.callbacks.TensorBoard(os.path.join(args.out, "tb"), write_graph=False,
                                                      profile_batch=0)]
     started = time.time()

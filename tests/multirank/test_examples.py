@@ -45,7 +45,8 @@ def train(out, *args, timeout=180):
 
 
 def checkpoints(out):
-    return sorted(int(p.name.split("-")[1].split(".")[0]) for p in (pathlib.Path(out) / "ckpt").glob("ckpt-*.index"))
+    """Epochs finished at each kept checkpoint (EpochCheckpoint folders are named by the 0-based Keras epoch)."""
+    return sorted(int(p.name.split("-")[1]) + 1 for p in (pathlib.Path(out) / "ckpt").glob("epoch-*"))
 
 
 def test_demo_reaches_good_accuracy_and_resume_continues_exactly(tmp_path):
