@@ -10,7 +10,7 @@ _VERSION = re.search(r'__version__ = "([^"]+)"', (_HERE / "hvd_sched" / "_versio
 
 # The pinned training stack lives in scripts/versions.env and is installed by scripts/install.sh (Horovod must be
 # built from source against the installed TensorFlow, which pip's resolver cannot do). These are the versions
-# hvd_sched.keras is tested with; tests/unit/test_versions.py asserts they agree with versions.env and docker/.
+# hvd_sched.keras is tested with; tests/test_versions.py asserts they agree with versions.env and docker/.
 TENSORFLOW_VERSION = "2.15.1"
 HOROVOD_VERSION = "0.28.1"
 

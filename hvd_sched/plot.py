@@ -120,7 +120,7 @@ def plot_schedule(schedule, path, *, log_scale=False, width=1000, height=500, dp
 
     figure = Figure(figsize=(width / dpi, height / dpi), dpi=dpi)
     axes = figure.add_subplot()
-    axes.plot(iterations, lrs, color="tab:blue", linewidth=1.5, label="learning rate")
+    axes.plot(iterations, lrs, color="tab:blue", linewidth=1.5, label="learning rate", drawstyle="steps-post")
     if warmup:
         axes.axvspan(0, warmup[1], color="tab:orange", alpha=0.2,
                      label=f"warmup ({schedule.warm_up_method}, {warmup[1]} its)")

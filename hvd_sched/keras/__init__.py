@@ -25,9 +25,9 @@ from .elastic import ElasticLRScaler
 from .checkpoint import EpochCheckpoint, latest_checkpoint, restore_latest
 from .guards import NonFiniteLossError, RankConsistencyCheck, RankMismatchError, StopOnNonFinite
 from .lr_schedule import ScheduleLR
-from .optimizer import ScheduledOptimizer, custom_objects, is_scheduled, scheduled_class
+from .optimizer import ScheduledOptimizer, custom_objects, is_scheduled, load_model, scheduled_class
 
 __all__ = ["ScheduledOptimizer", "ScheduleCallback", "LearningRateLogger", "horovod_callbacks", "ScheduleLR",
-           "is_scheduled", "scheduled_class", "custom_objects", "EpochCheckpoint", "latest_checkpoint",
+           "is_scheduled", "scheduled_class", "custom_objects", "load_model", "EpochCheckpoint", "latest_checkpoint",
            "restore_latest", "StopOnNonFinite", "RankConsistencyCheck", "NonFiniteLossError", "RankMismatchError",
            "ElasticLRScaler"]

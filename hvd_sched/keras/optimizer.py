@@ -29,7 +29,7 @@ from . import _slots
 from ._tables import as_schedule, correction_table
 from .lr_schedule import ScheduleLR
 
-__all__ = ["ScheduledOptimizer", "is_scheduled", "scheduled_class", "custom_objects"]
+__all__ = ["ScheduledOptimizer", "is_scheduled", "scheduled_class", "custom_objects", "load_model"]
 
 _OPTIONS = ("schedule", "momentum_correction", "correction_threshold", "lr_multipliers", "log_corrections")
 
@@ -308,10 +308,11 @@ def scheduled_class(base):
         "__doc__": f"{base.__name__} following an hvd_sched schedule; see hvd_sched.keras.ScheduledOptimizer.",
     })
     _CLASSES[base] = cls
-    globals()[name] = cls  # so Keras finds it by module + class name
-    # Registered under its plain name: Horovod's dynamic subclass keeps this name, so `load_model` of a model
-    # compiled with hvd.DistributedOptimizer(ScheduledOptimizer(...)) finds it too.
-    tf.keras.utils.get_custom_objects()[name] = cls
+    globals()[name] = cls  # Keras can also find it by module + class name
+    # Registered as "hvd_sched>ScheduledSGD", not under the plain name: Horovod's subclass keeps the plain name,
+    # and a global registration of it would shadow the custom_objects `hvd.load_model` passes, silently loading
+    # a model without its DistributedOptimizer. `hvd_sched.keras.load_model` picks the right one.
+    tf.keras.utils.register_keras_serializable(package="hvd_sched")(cls)
     return cls
 
 
@@ -374,8 +375,30 @@ def is_scheduled(optimizer):
 
 
 def custom_objects():
-    """Every scheduled class by name, for `tf.keras.models.load_model(..., custom_objects=...)`/`hvd.load_model`."""
+    """Every scheduled class by its plain name, for `tf.keras.models.load_model(..., custom_objects=...)`."""
     return {cls.__name__: cls for cls in _CLASSES.values()}
+
+
+def load_model(path, **kwargs):
+    """Load a model saved with `model.save` whose optimizer is a ScheduledOptimizer, Horovod-wrapped or not.
+
+    A model compiled with `hvd.DistributedOptimizer(ScheduledOptimizer(...))` records Horovod's module for its
+    optimizer class, so plain `tf.keras.models.load_model` cannot find the class; this passes the scheduled
+    classes. The optimizer comes back unwrapped, with its iteration count, schedule and momentum slots. (Horovod's
+    own `hvd.load_model` fails on TF 2.15's `.keras` format: `Could not interpret optimizer identifier`.) To go on
+    training on several ranks, rebuild the model with `hvd.DistributedOptimizer(ScheduledOptimizer(...))` and
+    restore a `tf.train.Checkpoint` (`EpochCheckpoint` / `restore_latest`) instead.
+
+    Args:
+        path: the `.keras` file or SavedModel directory.
+        **kwargs: passed to `tf.keras.models.load_model` (`custom_objects` for the model's own layers is merged).
+
+    Returns:
+        The compiled model.
+    """
+    objects = dict(kwargs.pop("custom_objects", None) or {})
+    objects.update(custom_objects())
+    return tf.keras.models.load_model(path, custom_objects=objects, **kwargs)
 
 
 for _base in (tf.keras.optimizers.SGD, tf.keras.optimizers.Adam, tf.keras.optimizers.AdamW,
