@@ -31,10 +31,11 @@ import ast
 import difflib
 import errno
 import inspect
+import math
 import os
 from collections.abc import Mapping
 
-from .schedules import Schedule, _float_list, _int_list, _integer, _number
+from .schedules import _MAX_INT, Schedule, _float_list, _int_list, _integer, _number
 
 __all__ = [
     "SOLVER_KEYS",
@@ -88,7 +89,8 @@ def load_solver(path):
 
     Raises:
         FileNotFoundError: if the file does not exist (the message names it).
-        ValueError: for malformed YAML (file, line and column named) or a document that is not a mapping.
+        ValueError: for a directory, malformed YAML (file, line and column named), YAML that PyYAML cannot load
+            (an int of more than 4300 digits, nesting too deep; the file named) or a document that is not a mapping.
     """
     import yaml  # PyYAML is needed only to read files.
 
@@ -98,6 +100,8 @@ def load_solver(path):
             document = yaml.safe_load(stream)
     except FileNotFoundError:
         raise FileNotFoundError(errno.ENOENT, "Detectron config file not found", path) from None
+    except IsADirectoryError:
+        raise ValueError(f"{path}: is a directory, not a Detectron YAML config file") from None
     except UnicodeDecodeError as error:
         raise ValueError(f"{path}: not UTF-8 text ({error})") from error
     except yaml.YAMLError as error:
@@ -105,6 +109,8 @@ def load_solver(path):
         where = f"{path}, line {mark.line + 1}, column {mark.column + 1}" if mark is not None else path
         problem = getattr(error, "problem", None) or str(error)
         raise ValueError(f"malformed YAML in {where}: {problem}") from error
+    except (ValueError, RecursionError) as error:  # PyYAML's int() of > 4300 digits; its recursive composer
+        raise ValueError(f"cannot load the YAML in {path}: {type(error).__name__}: {error}") from error
     if document is None:
         return {}
     if not isinstance(document, Mapping):
@@ -118,11 +124,17 @@ def load_solver(path):
 
 
 def _decode(value):
+    """Detectron's ``_decode_cfg_value``: a string that is a Python literal becomes its value, any other stays.
+
+    Besides Detectron's ValueError and SyntaxError, literal_eval raises TypeError for an unhashable set member or
+    dict key (``{[]: 1}``) and RecursionError (or MemoryError) for a deeply nested one; those strings stay too, so
+    the key's own check rejects them, naming the key.
+    """
     if not isinstance(value, str):
         return value
     try:
         return ast.literal_eval(value)
-    except (ValueError, SyntaxError):
+    except (ValueError, SyntaxError, TypeError, RecursionError, MemoryError):
         return value
 
 
@@ -176,14 +188,23 @@ def _convert_epochs(section, steps_per_epoch, notes):
             values = [_number(epoch_key, value, low=0, low_open=low_open) for value in epochs]
             if epoch_key == "STEPS_EPOCHS" and values and values[0] != 0:
                 raise ValueError(f"STEPS_EPOCHS must start at 0, got {epochs!r}")
-            section[iteration_key] = [int(round(value * steps_per_epoch)) for value in values]
+            section[iteration_key] = [_to_iterations(epoch_key, value, steps_per_epoch) for value in values]
         else:
             value = _number(epoch_key, epochs, low=0, low_open=low_open)
-            section[iteration_key] = int(round(value * steps_per_epoch))
+            section[iteration_key] = _to_iterations(epoch_key, value, steps_per_epoch)
         notes.append(f"{iteration_key}={section[iteration_key]!r} was converted from {epoch_key}={epochs!r} "
                      f"with steps_per_epoch={steps_per_epoch}")
         converted.add(iteration_key)
     return converted
+
+
+def _to_iterations(epoch_key, epochs, steps_per_epoch):
+    """``int(round(epochs * steps_per_epoch))``, once the product is known to be at most 2**53 iterations."""
+    iterations = epochs * steps_per_epoch
+    if not iterations <= _MAX_INT:  # also inf, which int(round()) would raise OverflowError for
+        raise ValueError(f"{epoch_key} * steps_per_epoch must be <= {_MAX_INT} iterations, got {epochs!r} * "
+                         f"{steps_per_epoch} = {iterations!r}")
+    return int(round(iterations))
 
 
 def _scale_linearly(section, world_size, from_epochs, notes):
@@ -195,8 +216,11 @@ def _scale_linearly(section, world_size, from_epochs, notes):
     scale = world_size / reference
     if scale == 1.0:
         return scale, reference
-    section["BASE_LR"] = linear_scaled_lr(section.get("BASE_LR", SOLVER_KEYS["BASE_LR"]), world_size, reference)
-    if section.get("LR_POLICY", SOLVER_KEYS["LR_POLICY"]) == "steps_with_lrs" and "LRS" in section:
+    # finite=False: Schedule rejects an infinite BASE_LR, as it does infinite LRS, with the scaling note.
+    section["BASE_LR"] = _scaled_lr(section.get("BASE_LR", SOLVER_KEYS["BASE_LR"]), world_size, reference,
+                                    finite=False)
+    policy = section.get("LR_POLICY", SOLVER_KEYS["LR_POLICY"])
+    if isinstance(policy, str) and policy == "steps_with_lrs" and "LRS" in section:
         section["LRS"] = [lr * scale for lr in _float_list("lrs", section["LRS"])]
     for key in _ITERATION_KEYS:
         if key in from_epochs:
@@ -242,13 +266,15 @@ def from_detectron(solver, *, steps_per_epoch=None, world_size=None):
     notes = []
     from_epochs = _convert_epochs(section, steps_per_epoch, notes)
     scale, reference = _scale_linearly(section, world_size, from_epochs, notes)
-    if section.get("WARM_UP_FACTOR") == "horovod":
+    # isinstance first: an array compared with == 'horovod' is an array, whose truth value numpy refuses.
+    warm_up_factor = section.get("WARM_UP_FACTOR")
+    if isinstance(warm_up_factor, str) and warm_up_factor == "horovod":
         if world_size is None:
             raise ValueError("WARM_UP_FACTOR 'horovod' requires the world_size argument")
         section["WARM_UP_FACTOR"] = gradual_warmup_factor(world_size, reference or 1)
         notes.append(f"WARM_UP_FACTOR 'horovod' = {reference or 1} / world_size {world_size}")
-    elif isinstance(section.get("WARM_UP_FACTOR"), str):
-        raise ValueError(f"WARM_UP_FACTOR must be a number or 'horovod', got {section['WARM_UP_FACTOR']!r}")
+    elif isinstance(warm_up_factor, str):
+        raise ValueError(f"WARM_UP_FACTOR must be a number or 'horovod', got {warm_up_factor!r}")
     arguments = {key.lower(): value for key, value in section.items()}
     try:
         return Schedule(**arguments)
@@ -258,29 +284,44 @@ def from_detectron(solver, *, steps_per_epoch=None, world_size=None):
         raise ValueError(f"{error} ({'; '.join(notes)})") from error
 
 
+_WORLD_SIZES = ("world_size", "reference_world_size")
+
+
+def _scaled_lr(base_lr, size, reference, names=_WORLD_SIZES, *, finite=True):
+    """``base_lr * (size / reference)`` with validated arguments (``names``: those of ``size`` and ``reference``).
+
+    ``finite``: reject a product beyond float64; else return it (inf), for Schedule to reject with the notes.
+    """
+    base_lr = _number("base_lr", base_lr, low=0, low_open=True)
+    size = _integer(names[0], size, low=1, label=names[0])
+    reference = _integer(names[1], reference, low=1, label=names[1])
+    lr = base_lr * (size / reference)
+    if finite and not math.isfinite(lr):
+        raise ValueError(f"BASE_LR * ({names[0]} / {names[1]}) must be finite, got {base_lr!r} * ({size} / "
+                         f"{reference}) = {lr!r}")
+    return lr
+
+
 def linear_scaled_lr(base_lr, world_size, reference_world_size=1):
     """The linear scaling rule (Goyal et al.): ``base_lr * (world_size / reference_world_size)``.
 
     The operation order of detectron2's ``auto_scale_workers`` (``BASE_LR * scale``). Example: a config for 8
     workers at 0.02 run on 32 workers gives ``linear_scaled_lr(0.02, 32, 8) == 0.08``.
+
+    Raises:
+        ValueError: for a base_lr <= 0, world sizes < 1 or > 2**53, or a product beyond float64 (names it).
+        TypeError: for arguments of the wrong type.
     """
-    base_lr = _number("base_lr", base_lr, low=0, low_open=True)
-    world_size = _integer("world_size", world_size, low=1, label="world_size")
-    reference_world_size = _integer("reference_world_size", reference_world_size, low=1,
-                                    label="reference_world_size")
-    return base_lr * (world_size / reference_world_size)
+    return _scaled_lr(base_lr, world_size, reference_world_size)
 
 
 def linear_scaled_lr_for_batch(base_lr, *, global_batch, reference_batch):
     """The linear scaling rule by batch size: ``base_lr * (global_batch / reference_batch)``.
 
     Goyal et al.'s ``lr = 0.1 * batch / 256``: ``linear_scaled_lr_for_batch(0.1, global_batch=8192,
-    reference_batch=256) == 3.2``.
+    reference_batch=256) == 3.2``. Raises as ``linear_scaled_lr`` does.
     """
-    base_lr = _number("base_lr", base_lr, low=0, low_open=True)
-    global_batch = _integer("global_batch", global_batch, low=1, label="global_batch")
-    reference_batch = _integer("reference_batch", reference_batch, low=1, label="reference_batch")
-    return base_lr * (global_batch / reference_batch)
+    return _scaled_lr(base_lr, global_batch, reference_batch, ("global_batch", "reference_batch"))
 
 
 def gradual_warmup_factor(world_size, reference_world_size=1):

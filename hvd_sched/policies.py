@@ -75,12 +75,19 @@ def decay_table(base_lr, gamma, first, last):
 
 
 def _decayed(base_lr, gamma, exponents):
-    """``BASE_LR * GAMMA ** exponents`` for an int array, through a table of the exponents' range."""
+    """``BASE_LR * GAMMA ** exponents`` for an int array, through a table of the exponents' range.
+
+    For a few exponents spread over a wide range (``step`` at iterations 0 and 10**12, STEP_SIZE 1) the table holds
+    only the exponents present, so its size never exceeds the array's.
+    """
     if exponents.size == 0:
         return np.empty(0, dtype=np.float64)
-    first = int(exponents.min())
-    table = decay_table(base_lr, gamma, first, int(exponents.max()))
-    return table[exponents - first]
+    first, last = int(exponents.min()), int(exponents.max())
+    if last - first < exponents.size:
+        return decay_table(base_lr, gamma, first, last)[exponents - first]
+    present, index = np.unique(exponents, return_inverse=True)
+    table = np.array([base_lr * gamma**exponent for exponent in present.tolist()], dtype=np.float64)
+    return table[index]
 
 
 def step_index(its, steps):

@@ -29,10 +29,46 @@ __all__ = ["Schedule"]
 _SCALE_MOMENTUM_MODES = ("threshold", "every_change")
 _STEP_LIST_POLICIES = ("steps_with_decay", "steps_with_lrs", "steps_with_relative_lrs")
 _LRS_POLICIES = ("steps_with_lrs", "steps_with_relative_lrs")
+_ZERO_AT_MAX_ITER = ("cosine_decay", "poly")
+# The keys each policy's LR depends on, for the messages of _check_float32_lrs.
+_POLICY_KEYS = {
+    "step": ("base_lr", "gamma", "step_size", "max_iter"),
+    "steps_with_decay": ("base_lr", "gamma", "steps"),
+    "steps_with_lrs": ("steps", "lrs"),
+    "steps_with_relative_lrs": ("base_lr", "steps", "lrs"),
+    "cosine_decay": ("base_lr", "max_iter"),
+    "exp_decay": ("base_lr", "gamma", "max_iter"),
+    "poly": ("base_lr", "power", "max_iter"),
+    "variable_stepsize": ("base_lr", "gamma", "step_sizes"),
+}
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+# The largest int accepted for an iteration count, a world size or steps per epoch (MAX_ITER, STEP_SIZE, each STEPS
+# entry and sum(STEP_SIZES), WARM_UP_ITERS, REFERENCE_WORLD_SIZE, world_size, ...): 2**53, about 9e15 iterations.
+# Every such int is exact as a float64, so Detectron's float(cur_iter) / MAX_ITER sees the true iteration, and the
+# int64 arithmetic of lr_at (sums, it // STEP_SIZE, hold_iter + 1) cannot overflow.
+_MAX_INT = 2**53
 
 
 def _key(name):
     return name.upper()
+
+
+def _repr(value):
+    """``repr(value)``, or a summary when it holds an int too long to print (``sys.get_int_max_str_digits``)."""
+    try:
+        return repr(value)
+    except ValueError:
+        return f"<{type(value).__name__} too large to print>"
+
+
+def _float(value):
+    """``float(value)``, or nan for a real beyond float64 (``10**400``), which the callers reject as not finite."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.nan
 
 
 def _number(name, value, *, low=None, high=None, low_open=False):
@@ -42,41 +78,47 @@ def _number(name, value, *, low=None, high=None, low_open=False):
     (0, 1], got 1.5``.
     """
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{_key(name)} must be a number, got {value!r} ({type(value).__name__})")
+        raise TypeError(f"{_key(name)} must be a number, got {_repr(value)} ({type(value).__name__})")
     if high is not None:
         bound = f"in {'(' if low_open else '['}{low}, {high}]"
     else:
         bound = f"{'>' if low_open else '>='} {low}"
-    number = float(value)
+    number = _float(value)
     too_low = number <= low if low_open else number < low
     if not math.isfinite(number) or too_low or (high is not None and number > high):
-        raise ValueError(f"{_key(name)} must be {bound}, got {value!r}")
+        raise ValueError(f"{_key(name)} must be {bound}, got {_repr(value)}")
     return number
 
 
-def _integer(name, value, *, low=0, label=None):
-    """An int (not bool, not float) ``>= low``, as a Python int; ``label`` replaces the upper-cased key."""
+def _integer(name, value, *, low=0, high=_MAX_INT, label=None):
+    """An int (not bool, not float) in ``[low, high]`` (``high`` None: unbounded), as a Python int; ``label``
+    replaces the upper-cased key."""
     label = label or _key(name)
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{label} must be an int, got {value!r} ({type(value).__name__})")
+        raise TypeError(f"{label} must be an int, got {_repr(value)} ({type(value).__name__})")
     if value < low:
-        raise ValueError(f"{label} must be >= {low}, got {int(value)!r}")
+        raise ValueError(f"{label} must be >= {low}, got {_repr(int(value))}")
+    if high is not None and value > high:
+        raise ValueError(f"{label} must be <= {high}, got {_repr(int(value))}")
     return int(value)
 
 
 def _sequence(name, value):
-    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple, np.ndarray)):
-        raise TypeError(f"{_key(name)} must be a list, got {value!r} ({type(value).__name__})")
+    # A 0-d or 2-d array is not a list of entries (list() of a 0-d array would raise numpy's unnamed TypeError).
+    if not (isinstance(value, (list, tuple)) or isinstance(value, np.ndarray) and value.ndim == 1):
+        raise TypeError(f"{_key(name)} must be a list, got {_repr(value)} ({type(value).__name__})")
     return list(value)
 
 
-def _int_list(name, value, *, low=0):
+def _int_list(name, value, *, low=0, high=_MAX_INT):
     items = _sequence(name, value)
     for item in items:
         if isinstance(item, (bool, np.bool_)) or not isinstance(item, numbers.Integral):
-            raise TypeError(f"{_key(name)} must be a list of ints, got {items!r}")
+            raise TypeError(f"{_key(name)} must be a list of ints, got {_repr(items)}")
         if item < low:
-            raise ValueError(f"{_key(name)} entries must be >= {low}, got {items!r}")
+            raise ValueError(f"{_key(name)} entries must be >= {low}, got {_repr(items)}")
+        if item > high:
+            raise ValueError(f"{_key(name)} entries must be <= {high}, got {_repr(items)}")
     return [int(item) for item in items]
 
 
@@ -84,9 +126,9 @@ def _float_list(name, value):
     items = _sequence(name, value)
     for item in items:
         if isinstance(item, (bool, np.bool_)) or not isinstance(item, numbers.Real):
-            raise TypeError(f"{_key(name)} must be a list of numbers, got {items!r}")
-        if not (math.isfinite(item) and item > 0):
-            raise ValueError(f"{_key(name)} entries must be finite and > 0, got {items!r}")
+            raise TypeError(f"{_key(name)} must be a list of numbers, got {_repr(items)}")
+        if not (math.isfinite(_float(item)) and item > 0):
+            raise ValueError(f"{_key(name)} entries must be finite and > 0, got {_repr(items)}")
     return [float(item) for item in items]
 
 
@@ -136,7 +178,8 @@ class Schedule:
         steps: STEPS, increasing ints starting at 0 (``steps_with_*``; required non-empty there).
         lrs: LRS, one LR (absolute, or relative to BASE_LR) per STEPS entry (``steps_with_lrs`` / ``_relative_lrs``).
         max_iter: MAX_ITER, int > 0: the end of ``cosine_decay``, ``exp_decay``, ``poly``; ``step`` holds after it.
-        warm_up_iters: WARM_UP_ITERS, int >= 0 (0: no warmup).
+        warm_up_iters: WARM_UP_ITERS, int >= 0 (0: no warmup). Every iteration int (also each STEPS entry and the
+            sum of STEP_SIZES) is at most 2**53, so that it is exact as a float64.
         warm_up_factor: WARM_UP_FACTOR in (0, 1].
         warm_up_method: WARM_UP_METHOD, ``'constant'`` or ``'linear'``.
         scale_momentum: SCALE_MOMENTUM (bool); False turns the correction off.
@@ -150,7 +193,10 @@ class Schedule:
         power: POWER > 0, the exponent of ``poly``.
 
     Raises:
-        ValueError: for an invalid value; the message names the key and the value.
+        ValueError: for an invalid value; the message names the key and the value. Also for values valid one by
+            one whose float32 LR overflows to inf, or underflows to 0 (before MAX_ITER for ``cosine_decay`` and
+            ``poly``, which reach 0 there; everywhere for the others), or whose momentum-correction factor is not
+            a finite float32 > 0 (the message names the keys the LR depends on, and the iteration).
         TypeError: for a value of the wrong type (bool is not a number).
 
     Example:
@@ -202,6 +248,8 @@ class Schedule:
                              f"got {self._lrs!r}")
         if policy == "variable_stepsize" and not self._step_sizes:
             raise ValueError(f"STEP_SIZES must be non-empty for LR_POLICY {policy!r}, got {self._step_sizes!r}")
+        if sum(self._step_sizes) > _MAX_INT:  # the last stage end is an iteration too
+            raise ValueError(f"STEP_SIZES must sum to <= {_MAX_INT}, got {self._step_sizes!r}")
         decays = {"step": self._max_iter // self._step_size, "steps_with_decay": len(steps) - 1,
                   "variable_stepsize": len(self._step_sizes)}
         if policy in decays:  # GAMMA > 1: the largest exponent gives the largest LR
@@ -212,6 +260,76 @@ class Schedule:
             if not np.isfinite(largest).all():
                 raise ValueError(f"GAMMA {self._gamma!r} overflows BASE_LR * GAMMA ** {decays[policy]} for "
                                  f"LR_POLICY {policy!r}")
+        self._check_float32_lrs()
+
+    def _critical_iterations(self):
+        """The iterations where the LR, and the ratio of consecutive LRs, take their extreme values.
+
+        Between phase starts (0, WARM_UP_ITERS, each step or stage start, MAX_ITER) the policy LR is constant or
+        monotone and log-concave (cosine, exp, poly), and the warmup factor constant or linear, so log(LR) is
+        concave there: the smallest LR of a phase is at its first or last iteration, the largest policy LR too (it
+        is monotone), and the ratio LR(it) / LR(it - 1) is extreme at its first or last two iterations. For
+        ``step``, whose decays all last STEP_SIZE iterations, the same concavity in the decay count leaves the
+        first and last decays and those around WARM_UP_ITERS. Returns a sorted list in ``[0, hold_iter]``.
+        """
+        hold_iter = self.hold_iter
+        starts = {0, self._warm_up_iters, self._max_iter, hold_iter}
+        policy = self._lr_policy
+        if policy == "step":
+            last = self._max_iter // self._step_size
+            around_warmup = self._warm_up_iters // self._step_size
+            decays = {1, last, around_warmup - 1, around_warmup, around_warmup + 1}
+            starts.update(decay * self._step_size for decay in decays if 1 <= decay <= last)
+        elif policy in _STEP_LIST_POLICIES:
+            starts.update(self._steps)
+        elif policy == "variable_stepsize":
+            starts.update(policies.stage_ends(self._step_sizes))
+        return sorted({it for start in starts for it in range(start - 2, start + 2) if 0 <= it <= hold_iter})
+
+    def _lr_keys(self, it):
+        """``KEY=value, ...`` of the keys the LR at ``it`` depends on (the warmup keys only while warming up)."""
+        names = ["lr_policy", *_POLICY_KEYS[self._lr_policy]]
+        if it < self._warm_up_iters:
+            names += ["warm_up_method", "warm_up_factor", "warm_up_iters"]
+        return ", ".join(f"{_key(name)}={getattr(self, '_' + name)!r}" for name in names)
+
+    def _check_float32_lrs(self):
+        """Reject a schedule whose float32 LR is not finite, or is 0 where it must be > 0 (everywhere, except at
+        and after MAX_ITER for ``cosine_decay`` and ``poly``, which are exactly 0 there by Detectron's formula), or
+        whose momentum correction factor ``new / cur`` is not a finite float32 > 0.
+
+        The LR is at most the policy LR (the warmup factor is <= 1), so checking the policy LR, and the LR, at the
+        ``_critical_iterations`` covers every iteration: a handful of evaluations, not a table.
+        """
+        its = np.array(self._critical_iterations(), dtype=np.int64)
+        with np.errstate(all="ignore"):
+            policy_lrs = self._policy_lr(its)
+            lrs = self.lr_at(its)
+            may_be_zero = its >= self._max_iter if self._lr_policy in _ZERO_AT_MAX_ITER else np.zeros(its.shape, bool)
+            too_large = ~np.isfinite(policy_lrs.astype(np.float32))
+            not_positive = ~(lrs > 0) & ~may_be_zero
+            news = np.flatnonzero(np.diff(its) == 1) + 1  # consecutive iterations: (its[new - 1], its[new])
+            applies, factors = momentum.correction_factors(lrs[news - 1], lrs[news], self.correction_mode,
+                                                           self._scale_momentum_threshold)
+            bad_factor = applies & ~(np.isfinite(factors) & (factors > 0)) & ~may_be_zero[news]
+        bad_lrs = np.flatnonzero(too_large | not_positive)
+        if bad_lrs.size:
+            index = bad_lrs[0]
+            it = int(its[index])
+            if too_large[index]:
+                warming = " (before the warmup factor)" if it < self._warm_up_iters else ""
+                raise ValueError(f"the learning rate must be a finite float32 (<= {_FLOAT32_MAX!r}), got "
+                                 f"{float(policy_lrs[index])!r}{warming} at iteration {it} from {self._lr_keys(it)}")
+            where = " before MAX_ITER" if self._lr_policy in _ZERO_AT_MAX_ITER else ""
+            raise ValueError(f"the float32 learning rate must be > 0{where}, got {float(lrs[index])!r} at iteration "
+                             f"{it} from {self._lr_keys(it)}")
+        if bad_factor.any():
+            index = news[bad_factor][0]
+            it = int(its[index])
+            raise ValueError(f"the momentum correction factor must be a finite float32 > 0, got "
+                             f"{float(factors[bad_factor][0])!r} at iteration {it} (learning rate "
+                             f"{float(lrs[index - 1])!r} -> {float(lrs[index])!r}) from {self._lr_keys(it - 1)}, "
+                             f"SCALE_MOMENTUM_MODE={self._scale_momentum_mode!r}")
 
     # ------------------------------------------------------------------ the schedule
 
@@ -303,8 +421,8 @@ class Schedule:
             ValueError: for a negative ``stop`` or ``start`` outside ``[0, stop]``.
             TypeError: for non-int arguments.
         """
-        stop = _integer("stop", stop, low=0, label="stop")
-        start = _integer("start", start, low=0, label="start")
+        stop = _integer("stop", stop, low=0, high=None, label="stop")
+        start = _integer("start", start, low=0, high=None, label="start")
         if start > stop:
             raise ValueError(f"start must be <= stop, got start={start}, stop={stop}")
         # Past hold_iter the LR does not change, so no iteration after it can correct.

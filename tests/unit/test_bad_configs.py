@@ -7,8 +7,9 @@ keys, the solver argument and its SOLVER section, ``steps_per_epoch`` / ``world_
 ``match=``, that the message names the key (or argument, or file) and the bad value. All of it is
 ``from_detectron`` alone: the errors come before any schedule is evaluated, let alone a training step.
 
-The last section, "Known bugs", holds ``xfail(strict=True)`` tests for inputs that escape as other exceptions, or
-build a schedule whose float32 LR is not finite and positive; remove a mark once its bug is fixed.
+The last section, "Fixed bugs", holds the regression tests of inputs that used to escape as other exceptions
+(huge ints, epoch overflow, arrays, undecodable YAML, a directory), or to build a schedule whose float32 LR is not
+finite and positive; each was marked as an expected failure until its bug was fixed.
 """
 
 import math
@@ -413,7 +414,7 @@ def test_empty_yaml_files_are_detectrons_defaults(tmp_path):
         assert from_detectron(path) == Schedule()
 
 
-# ---------------------------------------------------------------------------- Known bugs (xfail, strict)
+# ---------------------------------------------------------------------------- Fixed bugs (regressions)
 
 def _sample_iterations(schedule):
     """0, 1, MAX_ITER - 1, MAX_ITER, hold_iter and the first steps: enough to evaluate a huge schedule."""
@@ -445,12 +446,10 @@ def _assert_rejected_naming_or_sound(build, *texts):
             assert math.isfinite(factor) and factor > 0, f"momentum correction {factor} at {it}"
 
 
-# Huge Python ints pass the int checks (there is no upper bound), then overflow float64 / int64 later.
+# Huge Python ints used to pass the int checks (no upper bound), then overflow float64 / int64 later.
 HUGE = 10**400
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: huge ints escape as OverflowError/IndexError/ZeroDivisionError "
-                                       "(no upper bound in _number/_integer/_int_list/_float_list)")
 @pytest.mark.parametrize("solver, kwargs, key", [
     pytest.param({"BASE_LR": HUGE}, {}, "BASE_LR", id="BASE_LR=10**400-OverflowError-at-build"),
     pytest.param({"MOMENTUM": HUGE}, {}, "MOMENTUM", id="MOMENTUM=10**400-OverflowError-at-build"),
@@ -480,8 +479,6 @@ def test_bug_huge_integers(solver, kwargs, key):
     _assert_rejected_naming_or_sound(lambda: from_detectron(solver, **kwargs), key)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: linear_scaled_lr / gradual_warmup_factor raise OverflowError for "
-                                       "world sizes beyond float range")
 @pytest.mark.parametrize("call, name", [
     pytest.param(lambda: linear_scaled_lr(0.1, HUGE), "world_size", id="linear_scaled_lr-world_size=10**400"),
     pytest.param(lambda: gradual_warmup_factor(1, HUGE), "reference_world_size",
@@ -496,8 +493,6 @@ def test_bug_huge_world_sizes_in_helpers(call, name):
         assert math.isfinite(result) and result > 0
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: an epoch value whose conversion to iterations overflows escapes as "
-                                       "OverflowError from int(round(inf)) in config._convert_epochs")
 @pytest.mark.parametrize("solver, key", [
     pytest.param({"MAX_EPOCHS": 1e308}, "MAX_EPOCHS", id="MAX_EPOCHS=1e308"),
     pytest.param({"STEP_SIZE_EPOCHS": 1e308}, "STEP_SIZE_EPOCHS", id="STEP_SIZE_EPOCHS=1e308"),
@@ -511,8 +506,6 @@ def test_bug_epoch_conversion_overflow(solver, key):
     _assert_rejected_naming_or_sound(lambda: from_detectron(solver, steps_per_epoch=10), key)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: configs whose float32 LR overflows to inf or underflows to 0 are "
-                                       "accepted (only float64 GAMMA overflow is checked, and only for 3 policies)")
 @pytest.mark.parametrize("solver, key", [
     pytest.param({"BASE_LR": 1e39, "MAX_ITER": 10}, "BASE_LR", id="BASE_LR=1e39-lr-inf"),
     pytest.param({"BASE_LR": 1e-46, "MAX_ITER": 10}, "BASE_LR", id="BASE_LR=1e-46-lr-0"),
@@ -535,7 +528,6 @@ def test_bug_lr_outside_float32(solver, key):
     _assert_rejected_naming_or_sound(lambda: from_detectron(solver), key)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: linear_scaled_lr returns inf for a finite BASE_LR")
 def test_bug_linear_scaled_lr_overflow():
     try:
         result = linear_scaled_lr(1e308, 4)
@@ -545,8 +537,6 @@ def test_bug_linear_scaled_lr_overflow():
         assert math.isfinite(result)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: an ndarray value is compared with == 'horovod' / 'steps_with_lrs' in "
-                                       "config.py, raising numpy's 'truth value ... ambiguous' without the key")
 @pytest.mark.parametrize("solver, kwargs, key", [
     pytest.param({"WARM_UP_FACTOR": np.array([0.1, 0.2])}, {}, "WARM_UP_FACTOR", id="WARM_UP_FACTOR=array"),
     pytest.param({"LR_POLICY": np.array(["step", "poly"]), "REFERENCE_WORLD_SIZE": 1}, {"world_size": 2},
@@ -557,9 +547,6 @@ def test_bug_array_values(solver, kwargs, key):
         from_detectron(solver, **kwargs)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: load_solver's _decode (ast.literal_eval) lets TypeError/RecursionError "
-                                       "escape without the key; PyYAML's int-digit ValueError names neither key nor "
-                                       "file")
 @pytest.mark.parametrize("text", [
     pytest.param('SOLVER:\n  BASE_LR: "{[]: 1}"\n', id="unhashable-literal-TypeError"),
     pytest.param('SOLVER:\n  BASE_LR: "' + "-" * 5000 + '1"\n', id="deep-literal-RecursionError"),
@@ -576,6 +563,5 @@ def test_bug_yaml_values_that_break_decoding(tmp_path, text):
         raise AssertionError("accepted")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a directory path escapes as IsADirectoryError (undocumented)")
 def test_bug_directory_path(tmp_path):
     _raises(ValueError, lambda: from_detectron(os.fspath(tmp_path)), str(tmp_path))

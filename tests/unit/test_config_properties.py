@@ -11,9 +11,9 @@ either ``from_detectron`` raises ValueError/TypeError naming a key or argument, 
   and its factor is the finite, positive float32 ``lr[it] / lr[it - 1]``;
 - ``Schedule.from_config`` of the JSON round trip of ``get_config()`` is an equal schedule.
 
-Valid values are drawn inside the float32 range: LRs beyond it are the known bug of
-``test_bad_configs.test_bug_lr_outside_float32``, and the few draws that reach it anyway are rejected
-(``_beyond_float32``) until the config checks reject them.
+Values are drawn well past float32 (BASE_LR and LRS from 1e-50 to 1e40, GAMMA ** decays over 100 decades,
+WARM_UP_FACTOR down to 1e-300, POWER up to 1000) and past the 2**53 bound of the int keys, as well as in the usual
+ranges: a schedule whose float32 LR would overflow or underflow must be rejected when it is built.
 """
 
 import json
@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, assume, event, example, given, settings
+from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
 from hvd_sched import (
@@ -46,9 +46,21 @@ NAMES = (*SOLVER_KEYS, *EPOCH_KEYS, "steps_per_epoch", "world_size", "SOLVER", "
 # ---------------------------------------------------------------------------- strategies
 
 WRONG_TYPES = [None, True, False, "0.1", "", [1], (1, 2), {"a": 1}, 1j, b"1"]
-NUMBER_OUT_OF_RANGE = {"> 0": [0, -1.0, NAN, INF, -INF], ">= 0": [-1e-3, NAN, INF], "(0, 1]": [0, 1.5, -0.5, NAN],
-                       "[0, 1]": [-0.1, 1.01, NAN, INF], ">= 1": [0.5, 0, NAN, INF]}
-INT_INVALID = [-1, 1.5, 100.0, NAN, np.float64(3.0)]
+HUGE = 10**400  # beyond float64
+NUMBER_OUT_OF_RANGE = {"> 0": [0, -1.0, NAN, INF, -INF, HUGE], ">= 0": [-1e-3, NAN, INF, HUGE],
+                       "(0, 1]": [0, 1.5, -0.5, NAN, HUGE], "[0, 1]": [-0.1, 1.01, NAN, INF, HUGE],
+                       ">= 1": [0.5, 0, NAN, INF, HUGE]}
+INT_INVALID = [-1, 1.5, 100.0, NAN, np.float64(3.0), 2**53 + 1, 2**64, HUGE]
+
+
+def _usual_or_wide(low, high, low_exponent, high_exponent):
+    """A float in the usual ``[low, high]``, or ``10 ** e`` for ``e`` in ``[low_exponent, high_exponent]``."""
+    return st.one_of(st.floats(low, high), st.floats(low_exponent, high_exponent).map(lambda e: 10.0**e))
+
+
+def _usual_or_huge(low, high):
+    """An int in the usual ``[low, high]``, or up to the 2**53 bound."""
+    return st.one_of(st.integers(low, high), st.integers(low, 2**53))
 
 
 def _invalid_number(bound):
@@ -120,18 +132,18 @@ def solvers(draw):
     policy = put("LR_POLICY", st.sampled_from(POLICIES), st.sampled_from(WRONG_TYPES + ["cosine", "Step", "step "]))
     # MAX_ITER is always given (<= 5000, or an invalid value), so that lr_at(np.arange(MAX_ITER + 1)) stays small.
     max_iter = draw(_invalid_int(1)) if draw(st.integers(0, 19)) == 19 else draw(st.integers(1, 5000))
-    if isinstance(max_iter, int) and not isinstance(max_iter, bool) and max_iter >= 1:
+    if isinstance(max_iter, int) and not isinstance(max_iter, bool) and 1 <= max_iter <= 2**53:
         _iterations_or_epochs(draw, solver, "MAX_ITER", max_iter, steps_per_epoch)
     else:
         solver["MAX_ITER"] = max_iter
     decays = 1
     for key, low, high in (("STEP_SIZE", 1, 5000), ("WARM_UP_ITERS", 0, 6000)):
-        value = _pick(draw, st.integers(low, high), _invalid_int(low))
+        value = _pick(draw, _usual_or_huge(low, high), _invalid_int(low))
         if value is _ABSENT:
             continue
-        if isinstance(value, int) and not isinstance(value, bool) and value >= low:
+        if isinstance(value, int) and not isinstance(value, bool) and low <= value <= 2**53:
             _iterations_or_epochs(draw, solver, key, value, steps_per_epoch)
-            if key == "STEP_SIZE" and isinstance(max_iter, int):
+            if key == "STEP_SIZE" and isinstance(max_iter, int) and max_iter <= 5000:  # not an invalid 10**400
                 decays = max(decays, max_iter // value)
         else:
             solver[key] = value
@@ -143,7 +155,7 @@ def solvers(draw):
         else:
             solver["STEPS"] = steps
     n_steps = len(steps) if isinstance(steps, list) else 1
-    lr_entries = st.floats(1e-4, 10)
+    lr_entries = _usual_or_wide(1e-4, 10, -50, 40)
     if draw(st.integers(0, 9)):  # usually one LRS entry per STEPS entry
         put("LRS", st.lists(lr_entries, min_size=n_steps, max_size=n_steps), _invalid_list(lr_entries),
             required=policy in STEP_LIST_POLICIES[1:])
@@ -156,16 +168,17 @@ def solvers(draw):
             _iterations_or_epochs(draw, solver, "STEP_SIZES", step_sizes, steps_per_epoch)
         else:
             solver["STEP_SIZES"] = step_sizes
-    # GAMMA ** decays must stay well inside float32 (|log10| <= 20 over all decays; exp_decay has one).
+    # GAMMA ** decays spans up to 100 decades over all decays (exp_decay has one), well past float32's 83.
     decays = max(decays, n_steps, len(step_sizes) if isinstance(step_sizes, list) else 1)
-    span = min(6.0, 20.0 / (2 * decays + 2)) if policy in (_ABSENT, "step") else min(6.0, 20.0 / (decays + 1))
+    span = min(40.0, 100.0 / (2 * decays + 2)) if policy in (_ABSENT, "step") else min(40.0, 100.0 / (decays + 1))
     put("GAMMA", st.floats(-span, span).map(lambda exponent: 10.0**exponent), _invalid_number("> 0"))
-    put("BASE_LR", st.floats(1e-4, 10), _invalid_number("> 0"))
-    put("POWER", st.floats(0.1, 2), _invalid_number("> 0"))
+    put("BASE_LR", _usual_or_wide(1e-4, 10, -50, 40), _invalid_number("> 0"))
+    put("POWER", _usual_or_wide(0.1, 2, -3, 3), _invalid_number("> 0"))
     put("LR_FACTOR", st.floats(1e-2, 100), _invalid_number("> 0"))
     put("WEIGHT_DECAY", st.floats(0, 0.1), _invalid_number(">= 0"))
     put("MOMENTUM", st.floats(0, 1), _invalid_number("[0, 1]"))
-    put("WARM_UP_FACTOR", st.one_of(st.floats(1e-3, 1), st.just("horovod")) if scaling else st.floats(1e-3, 1),
+    warm_up_factors = _usual_or_wide(1e-3, 1, -300, 0)
+    put("WARM_UP_FACTOR", st.one_of(warm_up_factors, st.just("horovod")) if scaling else warm_up_factors,
         st.sampled_from([None, True, "gradual", [0.5]] + NUMBER_OUT_OF_RANGE["(0, 1]"]))
     put("WARM_UP_METHOD", st.sampled_from(WARM_UP_METHODS), st.sampled_from(WRONG_TYPES + ["gradual", "Linear"]))
     put("SCALE_MOMENTUM", st.booleans(), st.sampled_from([1, 0, "True", None, 1.0]))
@@ -188,27 +201,6 @@ def solvers(draw):
     if draw(st.booleans()):
         solver = {"SOLVER": solver, "MODEL": {"TYPE": "generalized_rcnn"}, "NUM_GPUS": 8}
     return solver, kwargs
-
-
-def _beyond_float32(schedule):
-    """Whether the schedule's LRs may leave float32's normal range: an upper bound of log10(max LR) > 20 or a
-    lower bound of log10(min LR before MAX_ITER) < -20. The known bug of test_bug_lr_outside_float32."""
-    c = schedule.get_config()
-    base, gamma, policy = math.log10(c["base_lr"]), math.log10(c["gamma"]), c["lr_policy"]
-    decays = {"step": c["max_iter"] // c["step_size"], "steps_with_decay": len(c["steps"]) - 1,
-              "variable_stepsize": len(c["step_sizes"]), "exp_decay": 1}.get(policy, 0)
-    high, low = base + max(gamma, 0) * decays, base + min(gamma, 0) * decays
-    if policy == "steps_with_lrs":
-        high, low = math.log10(max(c["lrs"])), math.log10(min(c["lrs"]))
-    elif policy == "steps_with_relative_lrs":
-        high, low = base + math.log10(max(c["lrs"])), base + math.log10(min(c["lrs"]))
-    elif policy == "cosine_decay":  # at MAX_ITER - 1: 0.5 * (1 - cos(pi / MAX_ITER)) >= (1 / MAX_ITER) ** 2
-        low = base - 2 * math.log10(c["max_iter"])
-    elif policy == "poly":  # at MAX_ITER - 1: (1 / MAX_ITER) ** POWER
-        low = base - c["power"] * math.log10(c["max_iter"])
-    if c["warm_up_iters"] > 0:
-        low += math.log10(c["warm_up_factor"])
-    return high > 20 or low < -20
 
 
 # ---------------------------------------------------------------------------- the properties
@@ -234,9 +226,6 @@ def test_random_config_builds_a_sound_schedule_or_raises_value_or_type_error(dra
         assert any(name in str(error) for name in NAMES), f"{type(error).__name__} names no key: {error}"
         event(f"rejected: {type(error).__name__}")
         return
-    if _beyond_float32(schedule):
-        event("rejected by hypothesis: LR beyond float32 (known bug)")
-        assume(False)
     event(f"built: {schedule.lr_policy}")
     max_iter = schedule.max_iter
     its = np.arange(max_iter + 1)
