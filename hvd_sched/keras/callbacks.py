@@ -138,18 +138,32 @@ class LearningRateLogger(_IterationTracker):
         self.per_batch = per_batch
         self._lrs = None if self.schedule is None else lr_table(self.schedule)
         self._last_batch = None
+        self._corrections = {}
         if not per_batch:
             # Keras skips batch hooks still marked as the default, which keeps the training loop fast.
             self.on_train_batch_end = tf.keras.callbacks.Callback.on_train_batch_end.__get__(self)
 
     def on_train_begin(self, logs=None):
+        optimizer = self.model.optimizer
         if self._lrs is None:
-            optimizer = self.model.optimizer
             if not is_scheduled(optimizer):
                 raise ValueError("LearningRateLogger() without a schedule needs a model compiled with a "
                                  "ScheduledOptimizer; pass the schedule explicitly otherwise")
             self.schedule = optimizer.schedule
             self._lrs = lr_table(self.schedule)
+        # The corrections a ScheduledOptimizer makes in-graph, announced from here (rank 0, one line each).
+        self._corrections = {}
+        if is_scheduled(optimizer) and optimizer.schedule == self.schedule and optimizer._hvd_sched.log_corrections:
+            iterations, factors = optimizer._hvd_sched.corrections
+            self._corrections = dict(zip(iterations.tolist(), factors.tolist()))
+
+    def _announce(self, first, last):
+        """One line per correction made at iterations first..last."""
+        for it in range(first, last + 1):
+            factor = self._corrections.get(it)
+            if factor is not None:
+                _say(f"momentum correction at iteration {it}: lr {self._lr_at(it - 1):.6g} -> "
+                     f"{self._lr_at(it):.6g}, momentum slots scaled by {factor:.6g}")
 
     def _lr_of(self, batch):
         return self._lr_at(self._iteration(batch))
@@ -161,17 +175,22 @@ class LearningRateLogger(_IterationTracker):
         return float(self._lrs[min(iteration, self._lrs.shape[0] - 1)])
 
     def on_train_batch_end(self, batch, logs=None):  # replaced per instance when per_batch=False
+        if self._corrections:
+            first = self._iteration(self._last_batch + 1 if self._last_batch is not None else 0)
+            self._announce(first, self._iteration(batch))
         self._last_batch = batch
         if logs is not None:
             logs[LOG_KEY] = self._lr_of(batch)
 
     def on_epoch_end(self, epoch, logs=None):
-        if logs is None:
-            return
         if self._last_batch is None:  # batch hooks off: the epoch ran up to the current iteration
-            logs[LOG_KEY] = self._lr_at(max(self._read_iterations() - 1, 0))
+            last = max(self._read_iterations() - 1, 0)
+            if self._corrections:
+                self._announce(self._epoch_start, last)
         else:
-            logs[LOG_KEY] = self._lr_of(self._last_batch)
+            last = self._iteration(self._last_batch)
+        if logs is not None:
+            logs[LOG_KEY] = self._lr_at(last)
         self._last_batch = None
 
 

@@ -37,7 +37,7 @@ class ScheduleLR(tf.keras.optimizers.schedules.LearningRateSchedule):
         with tf.name_scope("hvd_sched_lr"):
             table = tf.constant(self._table, dtype=tf.float32)
             index = tf.minimum(tf.cast(step, tf.int64), np.int64(self.schedule.hold_iter))
-            lr = tf.gather(table, tf.maximum(index, 0))
+            lr = tf.gather(table, index)  # iterations are never negative
             return lr if self.scale is None else lr * self.scale
 
     def get_config(self):

@@ -8,8 +8,10 @@ Like `hvd.DistributedOptimizer`, `ScheduledOptimizer(opt, schedule)` returns an 
 - before the update of a step whose LR jumped (Detectron's `_SetNewLr` rule, or every change, or never),
   multiplies every momentum slot by new_lr/old_lr inside the same compiled step. Keras' SGD slot is
   m = mu*m - lr*g, the negative of Detectron's V = mu*V + lr*g, so the same factor applies (also for Nesterov,
-  whose update reads the same slot). The rescale sits in a `tf.cond` on a table lookup, so steps without a
-  correction pay one searchsorted and nothing else;
+  whose update reads the same slot). For SGD the factor (a gather from a dense float32 table, 1.0 on steps
+  without a correction) multiplies the slot inside the update expression itself: no `tf.cond` and no extra
+  pass over the slots, which kept the per-step cost near that of a plain LR schedule (see bench/). Legacy
+  optimizers rescale behind a `tf.cond` that is false on steps without a correction;
 - applies `lr_multipliers` (variable-name regex -> factor): matching variables use lr * factor, as the seed's
   lr_x = lr * LR_FACTOR (Detectron's own convention gives biases 2x the LR);
 - serializes every option in `get_config()`, so `hvd.DistributedOptimizer`'s `from_config` rebuild,
@@ -20,7 +22,6 @@ allreduces the gradients and this class's update runs on the averaged gradients.
 """
 
 import re
-import sys
 
 import numpy as np
 import tensorflow as tf
@@ -76,6 +77,9 @@ class _Options:
                      else float(correction_threshold))
         self.threshold = threshold
         self.corrections = correction_table(self.schedule, self.mode, threshold)
+        # Dense: index min(it, hold_iter + 1); the extra 1.0 keeps a correction due at hold_iter from repeating.
+        self.factor_table = np.ones(self.schedule.hold_iter + 2, np.float32)
+        self.factor_table[self.corrections[0]] = self.corrections[1]
         self.checked_multipliers = False
 
     def config(self):
@@ -107,6 +111,8 @@ class _Options:
 
 class _ScheduledBase:
     """Shared by the subclasses of the TF 2.11+ and the legacy (OptimizerV2) optimizers."""
+
+    _hvd_sched_factor = None  # this step's slot factor while an SGD step is traced (see apply_gradients)
 
     def __init__(self, schedule, momentum_correction=None, correction_threshold=None, lr_multipliers=None,
                  log_corrections=True, **kwargs):
@@ -175,43 +181,26 @@ class _ScheduledBase:
     def _hvd_sched_build(self, variables, name):
         raise NotImplementedError
 
+    def _hvd_sched_step_factor(self):
+        """This step's slot factor, gathered from the dense table (1.0 on every step without a correction)."""
+        table = self._hvd_sched.factor_table
+        with tf.name_scope("hvd_sched_momentum_correction"):
+            index = tf.minimum(tf.cast(self.iterations, tf.int64), table.shape[0] - 1)
+            return tf.gather(tf.constant(table, tf.float32), index)
+
     def _hvd_sched_rescale(self, variables):
-        """Multiply the momentum slots by the table's factor on the steps where the rule says so."""
-        iterations, factors = self._hvd_sched.corrections
-        if iterations.size == 0:
-            return
+        """Multiply the momentum slots by this step's factor, behind a tf.cond that is false on most steps."""
         slots = _slots.momentum_slots(self, variables)
         if not slots:
             return
-        step = tf.cast(self.iterations, tf.int64)
-        with tf.name_scope("hvd_sched_momentum_correction"):
-            table_iters = tf.constant(iterations, tf.int64)
-            index = tf.searchsorted(table_iters, tf.reshape(step, [1]), side="left")[0]
-            safe = tf.minimum(index, iterations.size - 1)
-            due = tf.logical_and(index < iterations.size, tf.equal(tf.gather(table_iters, safe), step))
-            factor = tf.gather(tf.constant(factors, tf.float32), safe)
-            log = self._hvd_sched.log_corrections
-            if log:
-                lrs = tf.constant(self._hvd_sched.schedule_lr._table, tf.float32)
-                scale = self._hvd_sched_lr_scale_var
-                at = tf.minimum(step, lrs.shape[0] - 1)
+        factor = self._hvd_sched_step_factor()
 
-            def rescale():
-                for slot in slots:
-                    slot.assign(slot * tf.cast(factor, slot.dtype))
-                if log:
-                    # The graph must be the same on every rank (a rank-dependent op list hangs Horovod's
-                    # allreduce), so the rank is a value tested in-graph, not a Python branch.
-                    def say():
-                        tf.print("hvd_sched: momentum correction at iteration", step, ": lr",
-                                 tf.gather(lrs, tf.maximum(at - 1, 0)) * scale, "->", tf.gather(lrs, at) * scale,
-                                 ", momentum slots scaled by", factor, output_stream=sys.stdout)
-                        return tf.constant(True)
+        def rescale():
+            for slot in slots:
+                slot.assign(slot * tf.cast(factor, slot.dtype))
+            return tf.constant(True)
 
-                    tf.cond(tf.equal(tf.constant(_slots.rank()), 0), say, lambda: tf.constant(False))
-                return tf.constant(True)
-
-            tf.cond(due, rescale, lambda: tf.constant(False))
+        tf.cond(tf.not_equal(factor, 1.0), rescale, lambda: tf.constant(False))
 
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         grads_and_vars = list(grads_and_vars)
@@ -220,8 +209,18 @@ class _ScheduledBase:
             self._hvd_sched.check_multipliers([v for g, v in grads_and_vars if g is not None])
         if variables and self._hvd_sched.corrections[0].size:
             self._hvd_sched_build(variables, kwargs.get("name"))
-            self._hvd_sched_rescale(variables)
-        return super().apply_gradients(grads_and_vars, *args, **kwargs)
+            if self._hvd_sched_folds_factor():
+                # SGD: the factor multiplies the slot inside the update itself (no tf.cond, no extra pass).
+                self._hvd_sched_factor = self._hvd_sched_step_factor()
+            else:
+                self._hvd_sched_rescale(variables)
+        try:
+            return super().apply_gradients(grads_and_vars, *args, **kwargs)
+        finally:
+            self._hvd_sched_factor = None
+
+    def _hvd_sched_folds_factor(self):
+        return False
 
 
 class _ScheduledNew(_ScheduledBase):
@@ -250,15 +249,45 @@ class _ScheduledNew(_ScheduledBase):
                             "build a new schedule (or use hvd_sched.keras.ScheduleCallback with a plain optimizer)")
         tf.keras.optimizers.Optimizer.learning_rate.fset(self, learning_rate)
 
+    def _hvd_sched_folds_factor(self):
+        return isinstance(self, tf.keras.optimizers.SGD)
+
     def update_step(self, gradient, variable):
         factor = self._hvd_sched.multiplier(variable) if self._hvd_sched.multipliers else 1.0
-        if factor == 1.0:
-            return super().update_step(gradient, variable)
-        self._hvd_sched_lr_scale = factor  # read by `learning_rate` while this variable's update is traced
+        self._hvd_sched_lr_scale = None if factor == 1.0 else factor  # read by `learning_rate` while traced
         try:
+            if self._hvd_sched_factor is not None:
+                return self._sgd_update_with_correction(gradient, variable, self._hvd_sched_factor)
             return super().update_step(gradient, variable)
         finally:
             self._hvd_sched_lr_scale = None
+
+    def _sgd_update_with_correction(self, gradient, variable, factor):
+        """Keras' SGD.update_step with the slot read as m * factor (Detectron's V *= new_lr/old_lr first).
+
+        The same arithmetic as scaling the slot and then running SGD.update_step (Grappler may fuse it
+        differently: results agree to float32 rounding, ~1e-7 on the tests' model); on steps without a
+        correction the factor is 1.0 and m * 1.0 == m.
+        """
+        lr = tf.cast(self.learning_rate, variable.dtype)
+        momentum = tf.cast(self.momentum, variable.dtype)
+        m = self.momentums[self._index_dict[self._var_key(variable)]]
+        scaled = m * tf.cast(factor, variable.dtype)
+        if isinstance(gradient, tf.IndexedSlices):
+            add_value = tf.IndexedSlices(-gradient.values * lr, gradient.indices)
+            m.assign(scaled * momentum)
+            m.scatter_add(add_value)
+            if self.nesterov:
+                variable.scatter_add(add_value)
+                variable.assign_add(m * momentum)
+            else:
+                variable.assign_add(m)
+        else:
+            m.assign(-gradient * lr + scaled * momentum)
+            if self.nesterov:
+                variable.assign_add(-gradient * lr + m * momentum)
+            else:
+                variable.assign_add(m)
 
 
 class _ScheduledLegacy(_ScheduledBase):
@@ -343,7 +372,8 @@ def ScheduledOptimizer(optimizer, schedule, *, momentum_correction=None, correct
         correction_threshold: overrides the schedule's SCALE_MOMENTUM_THRESHOLD (>= 1).
         lr_multipliers: dict of variable-name regex -> factor; a variable uses lr * factor of the first pattern
             that `re.search`es its name (e.g. {"bias": 2.0}); every pattern must match some variable.
-        log_corrections: print one line on rank 0 at each correction (iteration, old LR, new LR, factor).
+        log_corrections: `LearningRateLogger` (in `horovod_callbacks`) prints one line on rank 0 at each
+            correction (iteration, old LR, new LR, factor); the compiled step itself prints nothing.
 
     Returns:
         A new optimizer of class `Scheduled<Name>`, a subclass of `type(optimizer)`.
