@@ -1,73 +1,11 @@
 """Shared fixtures: `run_ranks` launches a Python script on N real Horovod ranks (Gloo) and returns their results."""
 
-import json
-import os
-import pathlib
-import signal
-import subprocess
 import sys
 import textwrap
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-TESTS = ROOT / "tests"
-
-
-def _env(out_dir, extra=None):
-    env = dict(os.environ)
-    env["HVD_SCHED_TEST_OUT"] = str(out_dir)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(TESTS), env.get("PYTHONPATH", "")])
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    env["PYTHONUNBUFFERED"] = "1"
-    # Each rank gets one intra-op thread: two ranks share two cores, and results must not depend on threading.
-    env.setdefault("TF_NUM_INTRAOP_THREADS", "1")
-    env.setdefault("TF_NUM_INTEROP_THREADS", "1")
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.update(extra or {})
-    return env
-
-
-def horovodrun_cmd(np_, script, args=()):
-    """The command a user types: `horovodrun -np N -H localhost:N --gloo python script ...`."""
-    horovodrun = pathlib.Path(sys.executable).with_name("horovodrun")
-    return [str(horovodrun), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo",
-            sys.executable, str(script), *map(str, args)]
-
-
-class RankFailure(AssertionError):
-    pass
-
-
-def _run(cmd, out_dir, np_, timeout, env_extra, expect_results=True):
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stdout_path, stderr_path = out_dir / "stdout.txt", out_dir / "stderr.txt"
-    with open(stdout_path, "w") as out, open(stderr_path, "w") as err:
-        # A new session, so a hang kills horovodrun *and* every rank it started.
-        proc = subprocess.Popen(cmd, env=_env(out_dir, env_extra), cwd=str(out_dir), stdout=out, stderr=err,
-                                text=True, start_new_session=True)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise RankFailure(f"{' '.join(cmd)} did not finish within {timeout}s\n--- stdout ---\n"
-                              f"{stdout_path.read_text()[-20000:]}\n--- stderr ---\n"
-                              f"{stderr_path.read_text()[-20000:]}") from None
-    proc.stdout, proc.stderr = stdout_path.read_text(), stderr_path.read_text()
-    results = []
-    missing = []
-    for rank in range(np_):
-        path = out_dir / f"rank{rank}.json"
-        if path.exists():
-            results.append(json.loads(path.read_text()))
-        else:
-            missing.append(rank)
-    if proc.returncode != 0 or (expect_results and missing):
-        raise RankFailure(f"{' '.join(cmd)} exited {proc.returncode}; ranks without a result: {missing}\n"
-                          f"--- stdout (all ranks) ---\n{proc.stdout[-20000:]}\n"
-                          f"--- stderr (all ranks) ---\n{proc.stderr[-20000:]}")
-    return results, proc
+from launch import horovodrun_cmd, run_and_collect
 
 
 @pytest.fixture
@@ -85,7 +23,7 @@ def run_ranks(tmp_path):
         work.mkdir()
         script = work / "rank_script.py"
         script.write_text(textwrap.dedent(source))
-        results, _ = _run(horovodrun_cmd(np, script, args), work, np, timeout, env)
+        results, _ = run_and_collect(horovodrun_cmd(np, script, args), work, np, timeout, env)
         return results
 
     return run
@@ -102,7 +40,7 @@ def run_single(tmp_path):
         work.mkdir()
         script = work / "single_script.py"
         script.write_text(textwrap.dedent(source))
-        results, _ = _run([sys.executable, str(script), *map(str, args)], work, 1, timeout, env)
+        results, _ = run_and_collect([sys.executable, str(script), *map(str, args)], work, 1, timeout, env)
         return results[0]
 
     return run

@@ -17,9 +17,11 @@ __all__ = ["ScheduleCallback", "LearningRateLogger", "horovod_callbacks"]
 LOG_KEY = "learning_rate"
 
 
-def _say(message):
+def _say_correction(iteration, old_lr, new_lr, factor):
+    """The one line, on rank 0, that announces a momentum correction."""
     if _slots.rank() == 0:
-        print(f"hvd_sched: {message}", file=sys.stdout, flush=True)
+        print(f"hvd_sched: momentum correction at iteration {iteration}: lr {old_lr:.6g} -> {new_lr:.6g}, "
+              f"momentum slots scaled by {factor:.6g}", file=sys.stdout, flush=True)
 
 
 class _IterationTracker(tf.keras.callbacks.Callback):
@@ -107,8 +109,7 @@ class ScheduleCallback(_IterationTracker):
             for slot in _slots.all_momentum_slots(optimizer, self.model):
                 slot.assign(slot * tf.cast(factor, slot.dtype))
             if self.verbose:
-                _say(f"momentum correction at iteration {it}: lr {float(self._lrs[it - 1]):.6g} -> "
-                     f"{float(lr):.6g}, momentum slots scaled by {factor:.6g}")
+                _say_correction(it, float(self._lrs[it - 1]), float(lr), factor)
         self._lr = float(lr)
 
     def on_train_batch_end(self, batch, logs=None):
@@ -162,8 +163,7 @@ class LearningRateLogger(_IterationTracker):
         for it in range(first, last + 1):
             factor = self._corrections.get(it)
             if factor is not None:
-                _say(f"momentum correction at iteration {it}: lr {self._lr_at(it - 1):.6g} -> "
-                     f"{self._lr_at(it):.6g}, momentum slots scaled by {factor:.6g}")
+                _say_correction(it, self._lr_at(it - 1), self._lr_at(it), factor)
 
     def _lr_of(self, batch):
         return self._lr_at(self._iteration(batch))

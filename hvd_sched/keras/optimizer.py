@@ -75,7 +75,6 @@ class _Options:
         self.mode = _slots.resolve_correction_mode(optimizer, self.schedule, momentum_correction)
         threshold = (self.schedule.scale_momentum_threshold if correction_threshold is None
                      else float(correction_threshold))
-        self.threshold = threshold
         self.corrections = correction_table(self.schedule, self.mode, threshold)
         # Dense: index min(it, hold_iter + 1); the extra 1.0 keeps a correction due at hold_iter from repeating.
         self.factor_table = np.ones(self.schedule.hold_iter + 2, np.float32)

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import _env
+from launch import rank_env
 
 pytestmark = pytest.mark.multirank
 
@@ -31,7 +31,7 @@ def test_dropped_slot_rescales_lr_and_slots_and_keeps_the_iteration(tmp_path):
            "--host-discovery-script", str(discover), sys.executable, str(JOB)]
     progress = tmp_path / "progress"
     with open(tmp_path / "stdout.txt", "w") as out, open(tmp_path / "stderr.txt", "w") as err:
-        proc = subprocess.Popen(cmd, env=_env(tmp_path), cwd=str(tmp_path), stdout=out, stderr=err,
+        proc = subprocess.Popen(cmd, env=rank_env(tmp_path), cwd=str(tmp_path), stdout=out, stderr=err,
                                 start_new_session=True)
         try:
             deadline = time.time() + 120

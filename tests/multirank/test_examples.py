@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from conftest import horovodrun_cmd
+from launch import horovodrun_cmd
 
 pytestmark = pytest.mark.multirank
 

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import RankFailure, _env, _run, horovodrun_cmd
+from launch import RankFailure, horovodrun_cmd, rank_env, run_and_collect
 
 pytestmark = pytest.mark.multirank
 
@@ -22,10 +22,10 @@ JOB = pathlib.Path(__file__).with_name("reliability_job.py")
 def _job(work, *args, timeout=180, expect_ok=True):
     work.mkdir(parents=True, exist_ok=True)
     if expect_ok:
-        results, proc = _run(horovodrun_cmd(2, JOB, args), work, 2, timeout, None)
+        results, proc = run_and_collect(horovodrun_cmd(2, JOB, args), work, 2, timeout, None)
         return results, proc
     with pytest.raises(RankFailure) as info:
-        _run(horovodrun_cmd(2, JOB, args), work, 2, timeout, None)
+        run_and_collect(horovodrun_cmd(2, JOB, args), work, 2, timeout, None)
     return None, str(info.value)
 
 
@@ -41,7 +41,7 @@ def test_killed_rank_ends_the_job_and_the_last_checkpoint_resumes_exactly(tmp_pa
     work.mkdir()
     cmd = horovodrun_cmd(2, JOB, ["--ckpt", ckpt, "--epochs", "6", "--sleep", "0.05"])
     with open(work / "stdout.txt", "w") as out, open(work / "stderr.txt", "w") as err:
-        proc = subprocess.Popen(cmd, env=_env(work), cwd=str(work), stdout=out, stderr=err,
+        proc = subprocess.Popen(cmd, env=rank_env(work), cwd=str(work), stdout=out, stderr=err,
                                 start_new_session=True)
         try:
             deadline = time.time() + 120

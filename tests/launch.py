@@ -1,0 +1,72 @@
+"""Launching real `horovodrun` jobs from tests: the command, the environment, and collecting each rank's result.
+
+A module of its own (not conftest.py) so test files can import it: several conftest.py files exist under
+tests/, and `from conftest import ...` would pick whichever was imported last.
+"""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"
+
+
+def rank_env(out_dir, extra=None):
+    env = dict(os.environ)
+    env["HVD_SCHED_TEST_OUT"] = str(out_dir)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(TESTS), env.get("PYTHONPATH", "")])
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env["PYTHONUNBUFFERED"] = "1"
+    # Each rank gets one intra-op thread: two ranks share two cores, and results must not depend on threading.
+    env.setdefault("TF_NUM_INTRAOP_THREADS", "1")
+    env.setdefault("TF_NUM_INTEROP_THREADS", "1")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(extra or {})
+    return env
+
+
+def horovodrun_cmd(np_, script, args=()):
+    """The command a user types: `horovodrun -np N -H localhost:N --gloo python script ...`."""
+    horovodrun = pathlib.Path(sys.executable).with_name("horovodrun")
+    return [str(horovodrun), "-np", str(np_), "-H", f"localhost:{np_}", "--gloo",
+            sys.executable, str(script), *map(str, args)]
+
+
+class RankFailure(AssertionError):
+    pass
+
+
+def run_and_collect(cmd, out_dir, np_, timeout, env_extra, expect_results=True):
+    """Run `cmd` (bounded by `timeout`, killing its whole process group) and read rank0..rank{np_-1}.json."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stdout_path, stderr_path = out_dir / "stdout.txt", out_dir / "stderr.txt"
+    with open(stdout_path, "w") as out, open(stderr_path, "w") as err:
+        # A new session, so a hang kills horovodrun *and* every rank it started.
+        proc = subprocess.Popen(cmd, env=rank_env(out_dir, env_extra), cwd=str(out_dir), stdout=out, stderr=err,
+                                text=True, start_new_session=True)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise RankFailure(f"{' '.join(cmd)} did not finish within {timeout}s\n--- stdout ---\n"
+                              f"{stdout_path.read_text()[-20000:]}\n--- stderr ---\n"
+                              f"{stderr_path.read_text()[-20000:]}") from None
+    proc.stdout, proc.stderr = stdout_path.read_text(), stderr_path.read_text()
+    results = []
+    missing = []
+    for rank in range(np_):
+        path = out_dir / f"rank{rank}.json"
+        if path.exists():
+            results.append(json.loads(path.read_text()))
+        else:
+            missing.append(rank)
+    if proc.returncode != 0 or (expect_results and missing):
+        raise RankFailure(f"{' '.join(cmd)} exited {proc.returncode}; ranks without a result: {missing}\n"
+                          f"--- stdout (all ranks) ---\n{proc.stdout[-20000:]}\n"
+                          f"--- stderr (all ranks) ---\n{proc.stderr[-20000:]}")
+    return results, proc
