@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 
-__all__ = ["emit", "make_regression", "to_list"]
+__all__ = ["emit", "make_mlp", "make_regression", "to_list"]
 
 
 def to_list(value):
@@ -47,3 +47,13 @@ def make_regression(n=64, d=5, k=3, seed=0):
     w = rng.normal(size=(d, k)).astype(np.float32)
     y = (np.tanh(x @ w) + 0.1 * rng.normal(size=(n, k))).astype(np.float32)
     return x, y
+
+
+def make_mlp(seed=1):
+    """The tests' model: Dense(8, tanh) -> Dense(3) on 5 inputs (tests/reference.py derives its gradients),
+    built after `tf.keras.utils.set_random_seed(seed)` so every rank and process starts from the same weights."""
+    import tensorflow as tf  # only the Keras and multi-rank tests use the model
+
+    tf.keras.utils.set_random_seed(seed)
+    return tf.keras.Sequential([tf.keras.Input((5,)), tf.keras.layers.Dense(8, activation="tanh"),
+                                tf.keras.layers.Dense(3)])

@@ -6,7 +6,7 @@ import tensorflow as tf
 
 import hvd_sched
 from hvd_sched.keras import LearningRateLogger, ScheduleCallback, ScheduledOptimizer
-from rankutil import make_regression
+from rankutil import make_mlp, make_regression
 from reference import detectron_corrections, detectron_lr, train_detectron_sgd
 
 BATCH, STEPS_PER_EPOCH, EPOCHS = 16, 10, 3
@@ -18,9 +18,7 @@ MU = 0.9
 
 
 def _model():
-    tf.keras.utils.set_random_seed(1)
-    return tf.keras.Sequential([tf.keras.Input((5,)), tf.keras.layers.Dense(8, activation="tanh"),
-                                tf.keras.layers.Dense(3)])
+    return make_mlp(seed=1)
 
 
 def _data():

@@ -17,9 +17,7 @@ mode, stage, path = sys.argv[1], sys.argv[2], sys.argv[3]
 x, y = rankutil.make_regression(n=160, seed=3)
 
 def build():
-    tf.keras.utils.set_random_seed(1)
-    m = tf.keras.Sequential([tf.keras.Input((5,)), tf.keras.layers.Dense(8, activation="tanh"),
-                             tf.keras.layers.Dense(3)])
+    m = rankutil.make_mlp(seed=1)
     sgd = tf.keras.optimizers.legacy.SGD if mode == "legacy" else tf.keras.optimizers.SGD
     opt = ScheduledOptimizer(sgd(momentum=0.9), hvd_sched.from_detectron(SOLVER), lr_multipliers={"bias": 2.0})
     if mode == "hvd_keras_save":  # one Horovod rank: the saved optimizer class is Horovod's dynamic subclass

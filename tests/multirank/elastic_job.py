@@ -21,9 +21,7 @@ x, y = rankutil.make_regression(n=STEPS * BATCH, seed=3)
 schedule = hvd_sched.from_detectron({
     "BASE_LR": hvd_sched.linear_scaled_lr(0.05, hvd.size()), "LR_POLICY": "steps_with_decay", "GAMMA": 0.5,
     "STEPS": [0, 40], "MAX_ITER": EPOCHS * STEPS, "WARM_UP_ITERS": 10, "WARM_UP_METHOD": "linear"})
-tf.keras.utils.set_random_seed(1)
-model = tf.keras.Sequential([tf.keras.Input((5,)), tf.keras.layers.Dense(8, activation="tanh"),
-                             tf.keras.layers.Dense(3)])
+model = rankutil.make_mlp(seed=1)
 model.compile(hvd.DistributedOptimizer(ScheduledOptimizer(tf.keras.optimizers.SGD(momentum=0.9), schedule)), "mse")
 optimizer = model.optimizer
 scaler = ElasticLRScaler(optimizer)

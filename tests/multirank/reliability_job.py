@@ -44,9 +44,7 @@ if rank == 1 and args.rank1_base_lr is not None:
     solver["BASE_LR"] = args.rank1_base_lr
 schedule = hvd_sched.from_detectron(solver)
 
-tf.keras.utils.set_random_seed(1)
-model = tf.keras.Sequential([tf.keras.Input((5,)), tf.keras.layers.Dense(8, activation="tanh"),
-                             tf.keras.layers.Dense(3)])
+model = rankutil.make_mlp(seed=1)
 model.compile(hvd.DistributedOptimizer(ScheduledOptimizer(tf.keras.optimizers.SGD(momentum=0.9), schedule)), "mse")
 
 meta = restore_latest(args.ckpt, model) if args.resume else None

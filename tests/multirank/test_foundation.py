@@ -18,9 +18,7 @@ GLOBAL_BATCH, STEPS = 16, 6
 x, y = rankutil.make_regression(n=GLOBAL_BATCH * STEPS)
 
 def model():
-    tf.keras.utils.set_random_seed(0)
-    return tf.keras.Sequential([tf.keras.Input((5,)), tf.keras.layers.Dense(8, activation="tanh"),
-                                tf.keras.layers.Dense(3)])
+    return rankutil.make_mlp(seed=0)
 """
 
 DISTRIBUTED = COMMON + """

@@ -22,9 +22,7 @@ PATH = sys.argv[1]
 x, y = rankutil.make_regression(n=GLOBAL_BATCH * STEPS, seed=3)
 
 def model():
-    tf.keras.utils.set_random_seed(1)
-    return tf.keras.Sequential([tf.keras.Input((5,)), tf.keras.layers.Dense(8, activation="tanh"),
-                                tf.keras.layers.Dense(3)])
+    return rankutil.make_mlp(seed=1)
 
 def optimizer(wrap=lambda o: o):
     if PATH == "wrapper":
