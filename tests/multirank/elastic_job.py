@@ -49,7 +49,7 @@ class Record(tf.keras.callbacks.Callback):
             with open(os.path.join(OUT, "progress.tmp"), "w") as f:
                 f.write(str(it))
             os.replace(os.path.join(OUT, "progress.tmp"), os.path.join(OUT, "progress"))
-        time.sleep(0.05)
+        time.sleep(0.1)  # leaves the test seconds to drop a slot before training ends
 
 
 state = hvd.elastic.KerasState(model, batch=0, epoch=0)

@@ -39,7 +39,7 @@ def test_killed_rank_ends_the_job_and_the_last_checkpoint_resumes_exactly(tmp_pa
     ckpt = tmp_path / "ckpt"
     work = tmp_path / "killed"
     work.mkdir()
-    cmd = horovodrun_cmd(2, JOB, ["--ckpt", ckpt, "--epochs", "6", "--sleep", "0.05"])
+    cmd = horovodrun_cmd(2, JOB, ["--ckpt", ckpt, "--epochs", "6", "--sleep", "0.1"])
     with open(work / "stdout.txt", "w") as out, open(work / "stderr.txt", "w") as err:
         proc = subprocess.Popen(cmd, env=rank_env(work), cwd=str(work), stdout=out, stderr=err,
                                 start_new_session=True)
