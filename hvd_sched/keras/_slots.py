@@ -8,8 +8,8 @@ import tensorflow as tf
 
 from ..momentum import MODES
 
-__all__ = ["is_legacy", "slots_carry_lr", "momentum_slots", "resolve_correction_mode", "rank",
-           "is_horovod_wrapped"]
+__all__ = ["is_legacy", "slots_carry_lr", "momentum_slots", "all_momentum_slots", "resolve_correction_mode",
+           "rank", "is_horovod_wrapped"]
 
 _NEW_SGD = tf.keras.optimizers.SGD
 _LEGACY_SGD = tf.keras.optimizers.legacy.SGD
@@ -78,11 +78,10 @@ def momentum_slots(optimizer, variables):
     return [momentums[index[optimizer._var_key(var)]] for var in variables if optimizer._var_key(var) in index]
 
 
-def all_momentum_slots(optimizer, model=None):
-    """Every momentum slot of a built optimizer (the callback path rescales all of them)."""
+def all_momentum_slots(optimizer):
+    """Every momentum slot a built optimizer has (none before its first step)."""
     if is_legacy(optimizer):
-        variables = model.trainable_variables if model is not None else []
-        return momentum_slots(optimizer, variables)
+        return [slots["momentum"] for slots in optimizer._slots.values() if "momentum" in slots]
     return list(getattr(optimizer, "momentums", None) or [])
 
 

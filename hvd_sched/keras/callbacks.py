@@ -106,7 +106,7 @@ class ScheduleCallback(_IterationTracker):
             self._last_lr = lr
         factor = self._corrections.get(it)
         if factor is not None:
-            for slot in _slots.all_momentum_slots(optimizer, self.model):
+            for slot in _slots.all_momentum_slots(optimizer):
                 slot.assign(slot * tf.cast(factor, slot.dtype))
             if self.verbose:
                 _say_correction(it, float(self._lrs[it - 1]), float(lr), factor)

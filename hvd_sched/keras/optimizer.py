@@ -165,7 +165,7 @@ class _ScheduledBase:
         factor = np.float32(new / old)
         applied = np.float32(1.0)
         if factor != 1 and self._hvd_sched.mode != "off":
-            for slot in self._hvd_sched_all_slots():
+            for slot in _slots.all_momentum_slots(self):
                 slot.assign(slot * tf.cast(factor, slot.dtype))
             applied = factor
         self._hvd_sched_lr_scale_var.assign(new)
@@ -226,9 +226,6 @@ class _ScheduledNew(_ScheduledBase):
     """For `tf.keras.optimizers.*` (TF 2.11+): the LR multiplier acts through the `learning_rate` property."""
 
     _hvd_sched_lr_scale = None
-
-    def _hvd_sched_all_slots(self):
-        return list(getattr(self, "momentums", None) or [])
 
     def _hvd_sched_build(self, variables, name):
         with tf.name_scope(name or self.name or "optimizer"):
@@ -291,9 +288,6 @@ class _ScheduledNew(_ScheduledBase):
 
 class _ScheduledLegacy(_ScheduledBase):
     """For `tf.keras.optimizers.legacy.*`: the LR multiplier scales the per-variable `lr_t` coefficients."""
-
-    def _hvd_sched_all_slots(self):
-        return [slots["momentum"] for slots in self._slots.values() if "momentum" in slots]
 
     def _hvd_sched_build(self, variables, name):
         with tf.name_scope(name or self._name):
