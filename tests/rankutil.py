@@ -9,7 +9,7 @@ import os
 
 import numpy as np
 
-__all__ = ["emit", "make_mlp", "make_regression", "to_list"]
+__all__ = ["emit", "make_mlp", "make_regression", "shard_batches", "to_list"]
 
 
 def to_list(value):
@@ -57,3 +57,11 @@ def make_mlp(seed=1):
     tf.keras.utils.set_random_seed(seed)
     return tf.keras.Sequential([tf.keras.Input((5,)), tf.keras.layers.Dense(8, activation="tanh"),
                                 tf.keras.layers.Dense(3)])
+
+
+def shard_batches(x, y, global_batch, rank, size):
+    """This rank's part of every global batch: global batch i is rows [i*B, (i+1)*B) and rank r takes its r-th
+    slice of B/size rows, so `size` ranks at batch B/size see exactly one process's batches of B."""
+    steps = len(x) // global_batch
+    part = lambda a: a.reshape(steps, size, global_batch // size, -1)[:, rank].reshape(-1, a.shape[1])
+    return part(x), part(y)

@@ -34,6 +34,12 @@ def _reference(solver, nesterov=False, multipliers=None, every_change=False, ini
     return train_detectron_sgd(initial, batches, lrs, corrections, MU, nesterov=nesterov, multipliers=multipliers)
 
 
+def _assert_weights(got, expected):
+    """Keras weights equal the numpy Detectron reference to 1e-5 (absolute)."""
+    for g, want in zip(got, expected):
+        np.testing.assert_allclose(g, want, atol=1e-5, rtol=0)
+
+
 def _fit(optimizer, callbacks=()):
     model = _model()
     initial = [w.copy() for w in model.get_weights()]
@@ -51,8 +57,7 @@ def test_wrapper_matches_numpy_detectron(solver, nesterov):
     model, initial, _ = _fit(opt)
     expected = _reference(solver, nesterov=nesterov, initial=initial)
     assert int(opt.iterations.numpy()) == N_ITERS
-    for got, want in zip(model.get_weights(), expected):
-        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    _assert_weights(model.get_weights(), expected)
 
 
 def test_correction_matters():
@@ -69,8 +74,7 @@ def test_lr_multiplier_on_biases_matches_numpy():
     opt = ScheduledOptimizer(tf.keras.optimizers.SGD(momentum=MU), schedule, lr_multipliers={"bias": 2.0})
     model, initial, _ = _fit(opt)
     expected = _reference(SOLVER, multipliers=[1.0, 2.0, 1.0, 2.0], initial=initial)
-    for got, want in zip(model.get_weights(), expected):
-        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    _assert_weights(model.get_weights(), expected)
 
 
 def test_every_change_mode_matches_numpy():
@@ -78,8 +82,7 @@ def test_every_change_mode_matches_numpy():
     opt = ScheduledOptimizer(tf.keras.optimizers.SGD(momentum=MU), schedule, momentum_correction="every_change")
     model, initial, _ = _fit(opt)
     expected = _reference(LINEAR, every_change=True, initial=initial)
-    for got, want in zip(model.get_weights(), expected):
-        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    _assert_weights(model.get_weights(), expected)
 
 
 @pytest.mark.parametrize("legacy", [False, True], ids=["sgd", "legacy_sgd"])
@@ -93,8 +96,7 @@ def test_callback_path_equals_wrapper_path(legacy):
     for a, b in zip(wrapped.get_weights(), plain.get_weights()):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
     expected = _reference(SOLVER, initial=initial)
-    for got, want in zip(plain.get_weights(), expected):
-        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    _assert_weights(plain.get_weights(), expected)
 
 
 def test_legacy_sgd_wrapper_with_multiplier_matches_numpy():
@@ -102,8 +104,7 @@ def test_legacy_sgd_wrapper_with_multiplier_matches_numpy():
     opt = ScheduledOptimizer(tf.keras.optimizers.legacy.SGD(momentum=MU), schedule, lr_multipliers={"bias": 2.0})
     model, initial, _ = _fit(opt)
     expected = _reference(SOLVER, multipliers=[1.0, 2.0, 1.0, 2.0], initial=initial)
-    for got, want in zip(model.get_weights(), expected):
-        np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    _assert_weights(model.get_weights(), expected)
 
 
 @pytest.mark.parametrize("path", ["wrapper", "callback"])

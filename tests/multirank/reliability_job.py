@@ -33,8 +33,7 @@ tf.config.experimental.enable_op_determinism()
 
 GLOBAL_BATCH, STEPS = 16, 10
 x, y = rankutil.make_regression(n=GLOBAL_BATCH * STEPS, seed=3)
-xs = x.reshape(STEPS, size, GLOBAL_BATCH // size, -1)[:, rank].reshape(-1, x.shape[1])
-ys = y.reshape(STEPS, size, GLOBAL_BATCH // size, -1)[:, rank].reshape(-1, y.shape[1])
+xs, ys = rankutil.shard_batches(x, y, GLOBAL_BATCH, rank, size)
 
 solver = {"BASE_LR": 0.2, "LR_POLICY": "steps_with_decay", "GAMMA": 0.5, "STEPS": [0, 20, 40],
           "MAX_ITER": 60, "WARM_UP_ITERS": 5, "WARM_UP_FACTOR": 0.25, "WARM_UP_METHOD": "linear"}

@@ -25,9 +25,7 @@ DISTRIBUTED = COMMON + """
 import horovod.tensorflow.keras as hvd
 hvd.init()
 r, n = hvd.rank(), hvd.size()
-# rank r takes the r-th half of every global batch
-xs = x.reshape(STEPS, n, GLOBAL_BATCH // n, -1)[:, r].reshape(-1, x.shape[1])
-ys = y.reshape(STEPS, n, GLOBAL_BATCH // n, -1)[:, r].reshape(-1, y.shape[1])
+xs, ys = rankutil.shard_batches(x, y, GLOBAL_BATCH, r, n)  # rank r: the r-th half of every global batch
 m = model()
 opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1, momentum=0.9))
 m.compile(opt, "mse")

@@ -35,8 +35,7 @@ DISTRIBUTED = COMMON + """
 import horovod.tensorflow.keras as hvd
 hvd.init()
 r, n = hvd.rank(), hvd.size()
-xs = x.reshape(STEPS, n, GLOBAL_BATCH // n, -1)[:, r].reshape(-1, x.shape[1])
-ys = y.reshape(STEPS, n, GLOBAL_BATCH // n, -1)[:, r].reshape(-1, y.shape[1])
+xs, ys = rankutil.shard_batches(x, y, GLOBAL_BATCH, r, n)
 m = model()
 m.compile(optimizer(hvd.DistributedOptimizer), "mse")
 cb = horovod_callbacks(ScheduleCallback(schedule) if PATH == "callback" else None)
