@@ -15,6 +15,7 @@ import math
 import tensorflow as tf
 
 from . import _slots
+from .callbacks import _IterationTracker
 from .optimizer import is_scheduled
 
 __all__ = ["StopOnNonFinite", "RankConsistencyCheck", "NonFiniteLossError", "RankMismatchError"]
@@ -34,7 +35,7 @@ def _current_lr(optimizer, iteration):
     return float(tf.keras.backend.get_value(optimizer.learning_rate))
 
 
-class StopOnNonFinite(tf.keras.callbacks.Callback):
+class StopOnNonFinite(_IterationTracker):
     """Raise `NonFiniteLossError` at the first batch whose loss is NaN or Inf.
 
     The message names the iteration, the loss and the LR in force at that iteration, and the latest checkpoint
@@ -47,16 +48,12 @@ class StopOnNonFinite(tf.keras.callbacks.Callback):
     def __init__(self, checkpoint_dir=None):
         super().__init__()
         self.checkpoint_dir = checkpoint_dir
-        self._epoch_start = 0
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._epoch_start = int(tf.keras.backend.get_value(self.model.optimizer.iterations))
 
     def on_train_batch_end(self, batch, logs=None):
         loss = (logs or {}).get("loss")
         if loss is None or math.isfinite(float(loss)):
             return
-        iteration = self._epoch_start + int(batch)
+        iteration = self._iteration(batch)
         lr = _current_lr(self.model.optimizer, iteration)
         where = ""
         if self.checkpoint_dir is not None:
