@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from ..momentum import MODES
 
-__all__ = ["is_legacy", "slots_carry_lr", "momentum_slots", "all_momentum_slots", "resolve_correction_mode",
+__all__ = ["is_legacy", "slots_carry_lr", "build_slots", "momentum_slots", "all_momentum_slots", "resolve_correction_mode",
            "rank", "is_horovod_wrapped"]
 
 _NEW_SGD = tf.keras.optimizers.SGD
@@ -76,6 +76,20 @@ def momentum_slots(optimizer, variables):
     if not momentums or index is None:
         return []
     return [momentums[index[optimizer._var_key(var)]] for var in variables if optimizer._var_key(var) in index]
+
+
+def build_slots(optimizer, variables, name=None):
+    """Create the optimizer's slots for `variables` now (idempotent), as its first apply_gradients would.
+
+    The name scope matches the one Keras opens there, so slot names do not depend on who built them first.
+    """
+    scope = name or (optimizer._name if is_legacy(optimizer) else optimizer.name) or "optimizer"
+    with tf.name_scope(scope):
+        with tf.init_scope():
+            if is_legacy(optimizer):
+                optimizer._create_all_weights(variables)
+            else:
+                optimizer.build(variables)
 
 
 def all_momentum_slots(optimizer):

@@ -58,14 +58,6 @@ def latest_checkpoint(directory):
     return meta
 
 
-def _build_optimizer(optimizer, model):
-    """Create the optimizer's slots so a restore fills them now instead of deferring."""
-    if _slots.is_legacy(optimizer):
-        optimizer._create_all_weights(model.trainable_variables)
-    else:
-        optimizer.build(model.trainable_variables)
-
-
 def _optimizer_variables(optimizer):
     variables = optimizer.variables
     return list(variables() if callable(variables) else variables)
@@ -89,14 +81,14 @@ def restore_latest(directory, model, optimizer=None):
     optimizer = optimizer or model.optimizer
     meta = latest_checkpoint(directory)
     if meta is not None:
-        _build_optimizer(optimizer, model)
+        _slots.build_slots(optimizer, model.trainable_variables)
         checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
         checkpoint.read(os.path.join(meta["path"], _PREFIX)).assert_existing_objects_matched()
     hvd = _horovod()
     if hvd is not None and hvd.size() > 1:
         meta = hvd.broadcast_object(meta, root_rank=0, name="hvd_sched_restore_meta")
         if meta is not None:
-            _build_optimizer(optimizer, model)
+            _slots.build_slots(optimizer, model.trainable_variables)
             hvd.broadcast_variables(model.variables + _optimizer_variables(optimizer), root_rank=0)
     return meta
 

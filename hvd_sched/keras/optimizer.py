@@ -177,9 +177,6 @@ class _ScheduledBase:
         config.update(self._hvd_sched.config())
         return config
 
-    def _hvd_sched_build(self, variables, name):
-        raise NotImplementedError
-
     def _hvd_sched_step_factor(self):
         """This step's slot factor, gathered from the dense table (1.0 on every step without a correction)."""
         table = self._hvd_sched.factor_table
@@ -207,7 +204,7 @@ class _ScheduledBase:
         if self._hvd_sched.multipliers:
             self._hvd_sched.check_multipliers([v for g, v in grads_and_vars if g is not None])
         if variables and self._hvd_sched.corrections[0].size:
-            self._hvd_sched_build(variables, kwargs.get("name"))
+            _slots.build_slots(self, variables, kwargs.get("name"))
             if self._hvd_sched_folds_factor():
                 # SGD: the factor multiplies the slot inside the update itself (no tf.cond, no extra pass).
                 self._hvd_sched_factor = self._hvd_sched_step_factor()
@@ -226,11 +223,6 @@ class _ScheduledNew(_ScheduledBase):
     """For `tf.keras.optimizers.*` (TF 2.11+): the LR multiplier acts through the `learning_rate` property."""
 
     _hvd_sched_lr_scale = None
-
-    def _hvd_sched_build(self, variables, name):
-        with tf.name_scope(name or self.name or "optimizer"):
-            with tf.init_scope():
-                self.build(variables)
 
     @property
     def learning_rate(self):
@@ -288,11 +280,6 @@ class _ScheduledNew(_ScheduledBase):
 
 class _ScheduledLegacy(_ScheduledBase):
     """For `tf.keras.optimizers.legacy.*`: the LR multiplier scales the per-variable `lr_t` coefficients."""
-
-    def _hvd_sched_build(self, variables, name):
-        with tf.name_scope(name or self._name):
-            with tf.init_scope():
-                self._create_all_weights(variables)
 
     def _scaled_state(self, var, apply_state):
         factor = self._hvd_sched.multiplier(var) if self._hvd_sched.multipliers else 1.0
