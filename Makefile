@@ -1,6 +1,14 @@
-# The README's two commands: `make demo` and `make test`. Both install first (once; later runs reuse .venv and
-# the cached Horovod wheel in $(HVD_SCHED_CACHE), default ~/.cache/hvd_sched).
-VENV ?= .venv
+# The README's two commands: `make demo` and `make test`. Both install first (once; later runs reuse the virtual
+# environment and the cached Horovod wheel in $(HVD_SCHED_CACHE), default ~/.cache/hvd_sched).
+#
+# STACK picks a row of the support matrix (scripts/versions.env; default: its first row, in .venv):
+#   make test STACK=tf2.20        (Python 3.12, TensorFlow 2.20 + tf-keras, in .venv-tf2.20)
+STACKS := $(shell bash scripts/stack.sh --list)
+STACK ?= $(firstword $(STACKS))
+ifeq ($(filter $(STACK),$(STACKS)),)
+$(error unknown STACK=$(STACK); scripts/versions.env has: $(STACKS))
+endif
+VENV ?= $(shell bash scripts/stack.sh $(STACK) --venv)
 PY := $(VENV)/bin/python
 HOROVODRUN := $(VENV)/bin/horovodrun
 STAMP := $(VENV)/.hvd_sched-installed
@@ -9,12 +17,17 @@ PYTEST_ARGS ?=
 
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONUNBUFFERED = 1
+export HVD_SCHED_STACK := $(STACK)
+# TensorFlow >= 2.16 rows: tf.keras must be Keras 2 (tf-keras) for Horovod 0.28.1.
+ifeq ($(shell bash scripts/stack.sh $(STACK) LEGACY_KERAS),1)
+export TF_USE_LEGACY_KERAS = 1
+endif
 
 .PHONY: install demo test bench clean
 
 install: $(STAMP)
 
-$(STAMP): scripts/install.sh scripts/versions.env setup.py
+$(STAMP): scripts/install.sh scripts/stack.sh scripts/versions.env setup.py
 	bash scripts/install.sh $(VENV)
 	@touch $@
 

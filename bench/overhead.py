@@ -53,6 +53,7 @@ import time
 import _common
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before _common.machine() imports TensorFlow
+import hvd_sched._compat  # noqa: F401,E402  (after sys.path and the log level are set; before Horovod)
 
 VARIANTS = ("baseline", "horovod_callbacks", "keras_schedule", "hvd_sched_optimizer", "hvd_sched_callback")
 TIMELINE_VARIANTS = ("baseline", "hvd_sched_optimizer")

@@ -27,6 +27,8 @@ import os
 import sys
 import time
 
+import hvd_sched._compat  # noqa: F401  (before Horovod: keras -> tf_keras on TF >= 2.16, clear stack errors)
+
 import numpy as np
 import tensorflow as tf
 import horovod.tensorflow.keras as hvd

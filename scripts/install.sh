@@ -1,35 +1,48 @@
 #!/usr/bin/env bash
 # One pinned, idempotent install path for hvd_sched: used by the Makefile, .ci/run and docker/.
 #
-#   scripts/install.sh [VENV]       (default VENV: .venv in the repository root)
+#   scripts/install.sh [VENV]       (default VENV: .venv for the default row, .venv-NAME for row NAME)
 #
 # Environment:
+#   HVD_SCHED_STACK     the row of the support matrix in scripts/versions.env (default: the first of STACKS).
 #   HVD_SCHED_CACHE     wheel cache folder (default ~/.cache/hvd_sched); the Horovod wheel built here is kept
-#                       in it, keyed by Horovod version, TensorFlow version, Python and build flags, so a
-#                       second run skips the ~4 minute build.
+#                       in it, keyed by Horovod version, TensorFlow version, Python, build flags and the
+#                       one source change (-noxla), so a second run skips the 4-8 minute build.
 #   HVD_SCHED_GPU=1     build Horovod with HOROVOD_GPU_OPERATIONS=NCCL against tensorflow[and-cuda] (Docker GPU).
 #   HVD_SCHED_SYSTEM=1  install into the current Python instead of a virtual environment (Docker images).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/.." && pwd)"
-# shellcheck source=versions.env
-. "$here/versions.env"
+# shellcheck source=stack.sh
+. "$here/stack.sh"
+load_stack "${HVD_SCHED_STACK:-}" || exit 1
 
 die() { echo "install.sh: ERROR: $*" >&2; exit 1; }
 step() { echo "install.sh: $*"; }
 
-venv="${1:-$root/.venv}"
+venv="${1:-$root/$(stack_venv "$STACK")}"
 cache="${HVD_SCHED_CACHE:-$HOME/.cache/hvd_sched}"
 gpu="${HVD_SCHED_GPU:-0}"
 mkdir -p "$cache/wheels"
 
 if [ "${HVD_SCHED_SYSTEM:-0}" = 1 ]; then
   py="$(command -v python3)" || die "python3 not found"
+  "$py" -c "import sys; sys.exit('%d.%d' % sys.version_info[:2] != '$PYTHON_VERSION')" \
+    || die "stack $STACK needs Python $PYTHON_VERSION; python3 is $("$py" --version 2>&1)"
 else
-  py_base="$(command -v "python$PYTHON_VERSION" || command -v python3)" || die "python$PYTHON_VERSION not found"
-  "$py_base" -c "import sys; assert sys.version_info[:2] == (3, 11), sys.version" 2>/dev/null \
-    || die "Python $PYTHON_VERSION is required (TensorFlow $TENSORFLOW_VERSION, Horovod $HOROVOD_VERSION); found $("$py_base" --version 2>&1)"
+  # The first candidate that runs and is the row's Python: python3.X on PATH (a pyenv shim may be on PATH and
+  # still refuse to run when that version is not selected), pyenv's own build of it, then python3.
+  py_base=""
+  for cand in "$(command -v "python$PYTHON_VERSION" || true)" \
+      "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$PYTHON_VERSION".*/bin/"python$PYTHON_VERSION" \
+      "$(command -v python3 || true)"; do
+    [ -n "$cand" ] && [ -x "$cand" ] || continue
+    if "$cand" -c "import sys; sys.exit('%d.%d' % sys.version_info[:2] != '$PYTHON_VERSION')" 2>/dev/null; then
+      py_base="$cand"; break
+    fi
+  done
+  [ -n "$py_base" ] || die "Python $PYTHON_VERSION is required for stack $STACK (TensorFlow $TENSORFLOW_VERSION, Horovod $HOROVOD_VERSION) and none was found (python$PYTHON_VERSION, pyenv, python3)"
   if [ ! -x "$venv/bin/python" ]; then
     step "creating virtual environment $venv"
     "$py_base" -m venv "$venv" || die "could not create $venv (is the python3-venv package installed?)"
@@ -49,12 +62,15 @@ if [ "${#need_apt[@]}" -gt 0 ]; then
     || die "apt-get install ${need_apt[*]} failed"
 fi
 
-# Every pip call runs under this constraint so nothing upgrades numpy past what TensorFlow 2.15 needs.
-constraints="$cache/constraints.txt"
-printf '%s\n' "$NUMPY_SPEC" "tensorflow-cpu==$TENSORFLOW_CPU_VERSION" > "$constraints"
+# Every pip call runs under this constraint so nothing moves numpy, TensorFlow or tf-keras off the row's pins
+# (TensorFlow 2.15 needs numpy<2). One file per row: two rows may install at the same time.
+constraints="$cache/constraints-$STACK-$gpu.txt"
 if [ "$gpu" = 1 ]; then
   printf '%s\n' "$NUMPY_SPEC" "tensorflow==$TENSORFLOW_VERSION" > "$constraints"
+else
+  printf '%s\n' "$NUMPY_SPEC" "tensorflow-cpu==$TENSORFLOW_CPU_VERSION" > "$constraints"
 fi
+[ -z "$TF_KERAS_VERSION" ] || echo "tf-keras==$TF_KERAS_VERSION" >> "$constraints"
 pip() { PIP_CONSTRAINT="$constraints" "$py" -m pip --disable-pip-version-check "$@"; }
 
 if [ "$gpu" = 1 ]; then
@@ -69,6 +85,13 @@ if ! "$py" -c "import importlib.metadata as m, sys; sys.exit(m.version('$tf_dist
 fi
 "$py" -c "import tensorflow as tf; assert tf.__version__ == '$TENSORFLOW_VERSION', tf.__version__" \
   || die "TensorFlow $TENSORFLOW_VERSION does not import in $py"
+# TensorFlow >= 2.16: Keras 2 is the tf-keras package; TF_USE_LEGACY_KERAS=1 makes it tf.keras (Horovod 0.28.1
+# has no Keras 3 support).
+if [ -n "$TF_KERAS_VERSION" ]; then
+  "$py" -c "import importlib.metadata as m, sys; sys.exit(m.version('tf-keras') != '$TF_KERAS_VERSION')" 2>/dev/null \
+    || { step "installing tf-keras $TF_KERAS_VERSION"; pip install -q "tf-keras==$TF_KERAS_VERSION" || die "pip install tf-keras==$TF_KERAS_VERSION failed"; }
+fi
+[ "$LEGACY_KERAS" = 1 ] && export TF_USE_LEGACY_KERAS=1
 
 # Horovod: built from source against the TensorFlow above, the wheel cached under a key of everything that
 # changes the binary.
@@ -77,18 +100,34 @@ hvd_ops="gloo"; hvd_env=(HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOR
 if [ "$gpu" = 1 ]; then
   hvd_ops="nccl"; hvd_env+=(HOROVOD_GPU_OPERATIONS=NCCL)
 fi
-key="horovod-$HOROVOD_VERSION-tf$TENSORFLOW_VERSION-py$PYTHON_VERSION-$hvd_ops-$(uname -m)"
+# The one change to Horovod's sources some rows need: TensorFlow >= 2.19 moved the XLA headers that
+# horovod/tensorflow/xla_mpi_ops.cc includes (Horovod's XLA ops, which hvd_sched does not use), so that file is
+# dropped from the pinned sdist's horovod/tensorflow/CMakeLists.txt. The key says so (-noxla).
+src_change=""; [ "$HOROVOD_NO_XLA" = 1 ] && src_change="-noxla"
+key="horovod-$HOROVOD_VERSION$src_change-tf$TENSORFLOW_VERSION-py$PYTHON_VERSION-$hvd_ops-$(uname -m)"
 wheel_dir="$cache/wheels/$key"
 have_hvd() { "$py" -c "import importlib.metadata as m, sys; sys.exit(m.version('horovod') != '$HOROVOD_VERSION')" 2>/dev/null; }
 if ! have_hvd; then
   if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
-    step "building Horovod $HOROVOD_VERSION against TensorFlow $TENSORFLOW_VERSION ($hvd_ops); about 4 minutes on 2 cores"
+    step "building Horovod $HOROVOD_VERSION$src_change against TensorFlow $TENSORFLOW_VERSION ($hvd_ops); 4-8 minutes on 2 cores"
     pip install -q cmake==3.27.9 2>/dev/null || true
     rm -rf "$wheel_dir.tmp" && mkdir -p "$wheel_dir.tmp"
+    log="$cache/horovod-build-$key.log"
+    hvd_src="horovod==$HOROVOD_VERSION"
+    if [ -n "$src_change" ]; then
+      src_dir="$wheel_dir.tmp/src"; mkdir -p "$src_dir"
+      pip download -q --no-deps --no-binary :all: -d "$src_dir" "horovod==$HOROVOD_VERSION" \
+        || die "could not download the horovod $HOROVOD_VERSION sdist"
+      tar -xzf "$src_dir/horovod-$HOROVOD_VERSION.tar.gz" -C "$src_dir"
+      hvd_src="$src_dir/horovod-$HOROVOD_VERSION"
+      sed -i '/xla_mpi_ops.cc/d' "$hvd_src/horovod/tensorflow/CMakeLists.txt"
+      ! grep -q xla_mpi_ops "$hvd_src/horovod/tensorflow/CMakeLists.txt" || die "xla_mpi_ops.cc is still in the build"
+    fi
     env "${hvd_env[@]}" MAKEFLAGS="-j$(nproc)" PIP_CONSTRAINT="$constraints" \
       "$py" -m pip --disable-pip-version-check wheel --no-build-isolation --no-deps --no-cache-dir \
-      -w "$wheel_dir.tmp" "horovod==$HOROVOD_VERSION" > "$cache/horovod-build.log" 2>&1 \
-      || { tail -n 40 "$cache/horovod-build.log" >&2; die "building Horovod failed; full log in $cache/horovod-build.log"; }
+      -w "$wheel_dir.tmp" "$hvd_src" > "$log" 2>&1 \
+      || { tail -n 40 "$log" >&2; die "building Horovod failed; full log in $log"; }
+    rm -rf "${src_dir:-$wheel_dir.tmp/src}"
     rm -rf "$wheel_dir" && mv "$wheel_dir.tmp" "$wheel_dir"
   else
     step "using cached Horovod wheel from $wheel_dir"
@@ -107,10 +146,14 @@ echo "$check" | grep -q '\[X\] Gloo' \
 if [ "$gpu" = 1 ]; then
   echo "$check" | grep -q '\[X\] NCCL' || { echo "$check" >&2; die "Horovod was built without NCCL"; }
 fi
-"$py" -c "import horovod.tensorflow.keras as hvd" || die "horovod.tensorflow.keras does not import"
+"$py" -c "import sys
+if '$LEGACY_KERAS' == '1':
+    import tf_keras; sys.modules['keras'] = tf_keras  # what hvd_sched/_compat.py does before Horovod is imported
+import horovod.tensorflow.keras as hvd" || die "horovod.tensorflow.keras does not import"
 
 if [ -f "$root/setup.py" ]; then
   step "installing hvd_sched (editable) with test extras"
   pip install -q -e "$root[test]" || die "pip install -e .[test] failed"
 fi
-step "OK: TensorFlow $TENSORFLOW_VERSION, Horovod $HOROVOD_VERSION ($hvd_ops) in $py"
+"$py" -c "from hvd_sched import _compat; _compat.check_stack()" || die "hvd_sched finds stack $STACK unsupported (above)"
+step "OK: stack $STACK: Python $PYTHON_VERSION, TensorFlow $TENSORFLOW_VERSION${TF_KERAS_VERSION:+, tf-keras $TF_KERAS_VERSION}, Horovod $HOROVOD_VERSION$src_change ($hvd_ops) in $py"

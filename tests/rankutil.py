@@ -7,6 +7,8 @@ module means every multi-rank test builds its model and data the same way.
 import json
 import os
 
+import hvd_sched._compat  # noqa: F401  (before Horovod: keras -> tf_keras on TF >= 2.16, clear stack errors)
+
 import numpy as np
 
 __all__ = ["emit", "make_mlp", "make_regression", "shard_batches", "to_list"]

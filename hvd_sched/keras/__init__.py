@@ -6,6 +6,8 @@
 - `LearningRateLogger`: `learning_rate` in Keras logs for a ScheduledOptimizer.
 - `horovod_callbacks(...)`: broadcast, metric averaging and the LR callback, in order.
 - `ScheduleLR(schedule)`: the schedule as a Keras LearningRateSchedule (no correction).
+- `build_optimizer(solver, model, ...)`: Detectron's whole solver (momentum, Nesterov, per-parameter weight decay
+  and bias LR) for a built model, as a ScheduledOptimizer; `describe_optimizer` says which rules it applies.
 - `EpochCheckpoint` / `restore_latest`: atomic per-epoch checkpoints on rank 0, restored on every rank.
 - `ElasticLRScaler`: elastic Horovod reset callback; the LR follows the world size, slots rescaled.
 - `StopOnNonFinite`, `RankConsistencyCheck`: a NaN loss or disagreeing ranks stop the job with a clear message.
@@ -20,6 +22,9 @@ Example:
     >>> model.fit(x, y, epochs=8, callbacks=horovod_callbacks())
 """
 
+from hvd_sched import _compat  # noqa: F401  (first: stack check; keras -> tf_keras on TF >= 2.16; before Horovod)
+
+from .build import build_optimizer, describe_optimizer, parameter_groups
 from .callbacks import LearningRateLogger, ScheduleCallback, horovod_callbacks
 from .elastic import ElasticLRScaler
 from .checkpoint import EpochCheckpoint, latest_checkpoint, restore_latest
@@ -30,4 +35,4 @@ from .optimizer import ScheduledOptimizer, custom_objects, is_scheduled, load_mo
 __all__ = ["ScheduledOptimizer", "ScheduleCallback", "LearningRateLogger", "horovod_callbacks", "ScheduleLR",
            "is_scheduled", "scheduled_class", "custom_objects", "load_model", "EpochCheckpoint", "latest_checkpoint",
            "restore_latest", "StopOnNonFinite", "RankConsistencyCheck", "NonFiniteLossError", "RankMismatchError",
-           "ElasticLRScaler"]
+           "ElasticLRScaler", "build_optimizer", "describe_optimizer", "parameter_groups"]

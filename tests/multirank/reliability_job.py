@@ -7,6 +7,8 @@ import argparse
 import os
 import time
 
+import hvd_sched._compat  # noqa: F401  (before Horovod: keras -> tf_keras on TF >= 2.16, clear stack errors)
+
 import numpy as np
 import tensorflow as tf
 
