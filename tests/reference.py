@@ -7,13 +7,21 @@ iteration comes from a plain loop over Detectron's formulas written here, not fr
 
 The model is the tests' MLP: Dense(hidden, tanh) -> Dense(out), Keras' mean squared error, written out by hand
 (forward and backward) in float64.
+
+`train_caffe2_sgd` is Detectron's whole per-parameter update (`add_single_gpu_param_update_ops`): for each
+parameter, by its Caffe2 group, biases `grad *= 2` (no decay), GroupNorm scales `grad += WEIGHT_DECAY_GN * w`,
+the rest `grad += WEIGHT_DECAY * w`, then MomentumSGDUpdate, in float64 numpy; the gradient at the reference's own
+weights comes from any `grad_fn` (the conv model's from plain TensorFlow: `tape_grad_fn`, on an unscheduled model
+whose weights are set to the reference's each step). The group is read from the variable name here (Caffe2 tags
+every `*_b` shift of a conv / norm layer BIAS), independently of the Keras glue's layer-based rule.
 """
 
 import math
 
 import numpy as np
 
-__all__ = ["detectron_lr", "detectron_corrections", "mlp_grads", "train_detectron_sgd"]
+__all__ = ["detectron_lr", "detectron_corrections", "mlp_grads", "train_detectron_sgd", "caffe2_group",
+           "caffe2_param_grads", "train_caffe2_sgd", "make_conv_model", "make_conv_data", "tape_grad_fn"]
 
 
 def detectron_lr(it, solver):
@@ -28,6 +36,14 @@ def detectron_lr(it, solver):
         lr = solver["BASE_LR"] * solver["GAMMA"] ** ind
     elif policy == "cosine_decay":
         lr = solver["BASE_LR"] * 0.5 * (math.cos(math.pi * it / solver["MAX_ITER"]) + 1.0)
+    elif policy == "step":
+        lr = solver["BASE_LR"] * solver["GAMMA"] ** (it // solver["STEP_SIZE"])
+    elif policy == "exp_decay":
+        # Detectron: GAMMA is the final/initial LR ratio.
+        lr = solver["BASE_LR"] * np.exp(float(it) / solver["MAX_ITER"] * np.log(solver["GAMMA"]))
+    elif policy == "poly":
+        # mmcv / detectron2: BASE_LR * (1 - it / MAX_ITER) ** POWER (POWER 1.0 by default).
+        lr = solver["BASE_LR"] * (1.0 - float(it) / solver["MAX_ITER"]) ** solver.get("POWER", 1.0)
     else:
         raise NotImplementedError(policy)
     if it < solver.get("WARM_UP_ITERS", 0):
@@ -99,3 +115,112 @@ def train_detectron_sgd(params, batches, lrs, corrections, momentum, nesterov=Fa
             params[i] = p - step
             velocity[i] = v_new
     return params
+
+
+def caffe2_group(name):
+    """Detectron's branch for a parameter by its Keras variable name: "bias" (Caffe2's model.biases: every layer
+    bias and every norm layer's shift `beta`, tagged BIAS), "gn" (a norm layer's scale `gamma`: model.gn_params),
+    "weight" (the rest)."""
+    leaf = name.split("/")[-1].split(":")[0]
+    if leaf in ("bias", "beta"):
+        return "bias"
+    if leaf == "gamma":
+        return "gn"
+    return "weight"
+
+
+def caffe2_param_grads(params, grads, groups, weight_decay, weight_decay_gn, bias_factor=2.0, bias_weight_decay=0.0):
+    """The gradients after Detectron's per-parameter ops, before MomentumSGDUpdate.
+
+    biases: `Scale(grad, 2.0)` (Detectron has no bias decay; a `bias_weight_decay` is added before the scale, as
+    Caffe2's WeightDecayBuilder rewrites the gradient before the optimizer's LR multiplies it); GroupNorm scales:
+    `WeightedSum([grad, ONE, param, WD_GN])`; others: `WeightedSum([grad, ONE, param, WD])`.
+    """
+    out = []
+    for p, g, group in zip(params, grads, groups):
+        if group == "bias":
+            out.append((g + bias_weight_decay * p) * bias_factor)
+        elif group == "gn":
+            out.append(g + weight_decay_gn * p)
+        else:
+            out.append(g + weight_decay * p)
+    return out
+
+
+def train_caffe2_sgd(params, batches, lrs, corrections, momentum, grad_fn, groups, *, nesterov=False,
+                     weight_decay=0.0, weight_decay_gn=0.0, bias_factor=2.0, bias_weight_decay=0.0):
+    """Detectron's training loop with its per-parameter update, from `params` (copied, float64).
+
+    Args:
+        params: initial parameter arrays.
+        batches: list of (x, y), one per iteration.
+        lrs: the float32 LR of each iteration.
+        corrections: {iteration: factor}; every V is scaled by it before that iteration's update.
+        momentum: MOMENTUM.
+        grad_fn: grad_fn(params, x, y) -> the loss gradients (list aligned with params).
+        groups: `caffe2_group` of each parameter.
+        nesterov: Caffe2's Nesterov MomentumSGDUpdate.
+        weight_decay, weight_decay_gn, bias_factor, bias_weight_decay: see `caffe2_param_grads`.
+
+    Returns:
+        The final parameters (float64 arrays).
+    """
+    params = [np.array(p, dtype=np.float64) for p in params]
+    velocity = [np.zeros_like(p) for p in params]
+    for it, (x, y) in enumerate(batches):
+        if it in corrections:
+            velocity = [v * float(corrections[it]) for v in velocity]
+        grads = [np.asarray(g, np.float64) for g in grad_fn(params, x, y)]
+        grads = caffe2_param_grads(params, grads, groups, weight_decay, weight_decay_gn, bias_factor,
+                                   bias_weight_decay)
+        lr = float(np.float32(lrs[it]))
+        for i, (p, g) in enumerate(zip(params, grads)):
+            v_old = velocity[i]
+            v_new = momentum * v_old + lr * g
+            step = (1 + momentum) * v_new - momentum * v_old if nesterov else v_new
+            params[i] = p - step
+            velocity[i] = v_new
+    return params
+
+
+def make_conv_model(seed=1, half_batch=None):
+    """Conv2D(4, 3) -> GroupNormalization(2) -> tanh -> Conv2D(4, 3) -> BatchNormalization -> tanh -> Flatten ->
+    Dense(3) on 6x6x2 inputs: Dense and Conv kernels, biases, a GroupNorm and a BatchNorm.
+
+    With `half_batch`, BatchNormalization uses `virtual_batch_size=half_batch`: its statistics are those of each
+    half of a batch, as on two Horovod ranks that each hold half, so one process on the full batch computes the
+    same gradients. (Keras 2.15 cannot reload such a layer from `model.save`: its saved `axis` is off by one.)
+    """
+    import tensorflow as tf  # only the Keras and multi-rank tests build the model
+
+    tf.keras.utils.set_random_seed(seed)
+    layers = tf.keras.layers
+    return tf.keras.Sequential([
+        tf.keras.Input((6, 6, 2)), layers.Conv2D(4, 3), layers.GroupNormalization(2), layers.Activation("tanh"),
+        layers.Conv2D(4, 3), layers.BatchNormalization(virtual_batch_size=half_batch), layers.Activation("tanh"),
+        layers.Flatten(), layers.Dense(3)])
+
+
+def make_conv_data(n, seed=3):
+    """Inputs (n, 6, 6, 2) and regression targets (n, 3), float32."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 6, 6, 2)).astype(np.float32)
+    y = np.tanh(x.reshape(n, -1)[:, :3] + x.reshape(n, -1)[:, 3:6]).astype(np.float32)
+    return x, y
+
+
+def tape_grad_fn(model):
+    """grad_fn for `train_caffe2_sgd`: mse gradients of a plain (unscheduled) Keras `model` in training mode at the
+    given weights (set into the model's trainable variables, cast to float32)."""
+    import tensorflow as tf
+
+    variables = model.trainable_variables
+
+    def grad_fn(params, x, y):
+        for var, value in zip(variables, params):
+            var.assign(np.asarray(value, np.float32))
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+        return [g.numpy() for g in tape.gradient(loss, variables)]
+
+    return grad_fn

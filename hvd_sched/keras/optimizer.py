@@ -14,6 +14,9 @@ Like `hvd.DistributedOptimizer`, `ScheduledOptimizer(opt, schedule)` returns an 
   optimizers rescale behind a `tf.cond` that is false on steps without a correction;
 - applies `lr_multipliers` (variable-name regex -> factor): matching variables use lr * factor, as the seed's
   lr_x = lr * LR_FACTOR (Detectron's own convention gives biases 2x the LR);
+- applies `weight_decays` (variable-name regex -> decay): coupled L2, `grad += decay * w` before the update, as
+  Caffe2's `WeightedSum([grad, ONE, param, WD], grad)` ahead of `MomentumSGDUpdate` (`hvd_sched.keras.
+  build_optimizer` derives both rule sets from a model's layers, Detectron's way);
 - serializes every option in `get_config()`, so `hvd.DistributedOptimizer`'s `from_config` rebuild,
   `model.save` and `tf.keras.models.load_model` keep the schedule.
 
@@ -32,28 +35,38 @@ from .lr_schedule import ScheduleLR
 
 __all__ = ["ScheduledOptimizer", "is_scheduled", "scheduled_class", "custom_objects", "load_model"]
 
-_OPTIONS = ("schedule", "momentum_correction", "correction_threshold", "lr_multipliers", "log_corrections")
+_OPTIONS = ("schedule", "momentum_correction", "correction_threshold", "lr_multipliers", "weight_decays",
+            "log_corrections")
+_RULE_VALUES = {"lr_multipliers": "factor", "weight_decays": "decay"}
 
 
-def _validate_multipliers(lr_multipliers):
-    if lr_multipliers is None:
+def _validate_rules(argument, rules):
+    """`rules` (dict of variable-name regex -> number >= 0, in order) as ((pattern, compiled, float), ...)."""
+    if rules is None:
         return ()
-    if not isinstance(lr_multipliers, dict):
-        raise TypeError(f"lr_multipliers must be a dict of variable-name regex -> factor, got "
-                        f"{type(lr_multipliers).__name__}: {lr_multipliers!r}")
+    if not isinstance(rules, dict):
+        raise TypeError(f"{argument} must be a dict of variable-name regex -> {_RULE_VALUES[argument]}, got "
+                        f"{type(rules).__name__}: {rules!r}")
     pairs = []
-    for pattern, factor in lr_multipliers.items():
+    for pattern, value in rules.items():
         if not isinstance(pattern, str):
-            raise TypeError(f"lr_multipliers keys must be regex strings, got {pattern!r}")
+            raise TypeError(f"{argument} keys must be regex strings, got {pattern!r}")
         try:
             compiled = re.compile(pattern)
         except re.error as exc:
-            raise ValueError(f"lr_multipliers key {pattern!r} is not a valid regex: {exc}") from None
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not np.isfinite(factor) \
-                or factor < 0:
-            raise ValueError(f"lr_multipliers[{pattern!r}] must be a finite number >= 0, got {factor!r}")
-        pairs.append((pattern, compiled, float(factor)))
+            raise ValueError(f"{argument} key {pattern!r} is not a valid regex: {exc}") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) \
+                or value < 0:
+            raise ValueError(f"{argument}[{pattern!r}] must be a finite number >= 0, got {value!r}")
+        pairs.append((pattern, compiled, float(value)))
     return tuple(pairs)
+
+
+def _first_match(rules, name, default):
+    for _, compiled, value in rules:
+        if compiled.search(name):
+            return value
+    return default
 
 
 class _Options:
@@ -70,7 +83,8 @@ class _Options:
             raise ValueError(f"correction_threshold must be a number >= 1 (Detectron's SCALE_MOMENTUM_THRESHOLD), "
                              f"got {correction_threshold!r}")
         self.correction_threshold = correction_threshold
-        self.multipliers = _validate_multipliers(lr_multipliers)
+        self.multipliers = _validate_rules("lr_multipliers", lr_multipliers)
+        self.decays = ()  # set by set_weight_decays
         self.log_corrections = bool(log_corrections)
         self.mode = _slots.resolve_correction_mode(optimizer, self.schedule, momentum_correction)
         threshold = (self.schedule.scale_momentum_threshold if correction_threshold is None
@@ -87,25 +101,35 @@ class _Options:
             "momentum_correction": self.momentum_correction,
             "correction_threshold": self.correction_threshold,
             "lr_multipliers": {p: f for p, _, f in self.multipliers} or None,
+            "weight_decays": {p: d for p, _, d in self.decays} or None,
             "log_corrections": self.log_corrections,
         }
 
+    def set_weight_decays(self, weight_decays):
+        self.decays = _validate_rules("weight_decays", weight_decays)
+
     def multiplier(self, variable):
-        for _, compiled, factor in self.multipliers:
-            if compiled.search(variable.name):
-                return factor
-        return 1.0
+        return _first_match(self.multipliers, variable.name, 1.0)
+
+    def weight_decay(self, variable):
+        return _first_match(self.decays, variable.name, 0.0)
 
     def check_multipliers(self, variables):
-        """Every pattern must match a trainable variable; a typo would silently train at the base LR."""
+        """Every pattern must match a trainable variable; a typo would silently train at the base LR (or, for
+        weight_decays, without the decay)."""
         if self.checked_multipliers:
             return
-        names = [v.name for v in variables]
-        for pattern, compiled, _ in self.multipliers:
-            if not any(compiled.search(name) for name in names):
-                raise ValueError(f"lr_multipliers pattern {pattern!r} matches no trainable variable; the variable "
-                                 f"names are {names}. Fix the regex (it is searched with re.search) or remove it.")
+        check_rules(self, [v.name for v in variables])
         self.checked_multipliers = True
+
+
+def check_rules(options, names):
+    """A ValueError naming the first `lr_multipliers` / `weight_decays` pattern that matches none of `names`."""
+    for argument, rules in (("lr_multipliers", options.multipliers), ("weight_decays", options.decays)):
+        for pattern, compiled, _ in rules:
+            if not any(compiled.search(name) for name in names):
+                raise ValueError(f"{argument} pattern {pattern!r} matches no trainable variable; the variable "
+                                 f"names are {names}. Fix the regex (it is searched with re.search) or remove it.")
 
 
 class _ScheduledBase:
@@ -114,9 +138,12 @@ class _ScheduledBase:
     _hvd_sched_factor = None  # this step's slot factor while an SGD step is traced (see apply_gradients)
 
     def __init__(self, schedule, momentum_correction=None, correction_threshold=None, lr_multipliers=None,
-                 log_corrections=True, **kwargs):
+                 weight_decays=None, log_corrections=True, **kwargs):
         kwargs.pop("learning_rate", None)
         kwargs.pop("lr", None)
+        decays = _validate_rules("weight_decays", weight_decays)
+        if decays and kwargs.get("weight_decay"):
+            raise ValueError(_BOTH_DECAYS.format(cls=type(self).__name__, wd=kwargs["weight_decay"]))
         schedule_lr = ScheduleLR(as_schedule(schedule))
         with tf.init_scope():
             schedule_lr.scale = tf.Variable(1.0, trainable=False, dtype=tf.float32, name="hvd_sched_lr_scale")
@@ -124,6 +151,7 @@ class _ScheduledBase:
         self._hvd_sched_lr_scale_var = schedule_lr.scale  # tracked: checkpoints keep the world-size scale
         self._hvd_sched = _Options(self, schedule_lr, momentum_correction, correction_threshold, lr_multipliers,
                                    log_corrections)
+        self._hvd_sched.set_weight_decays(weight_decays)
 
     @property
     def schedule(self):
@@ -134,6 +162,29 @@ class _ScheduledBase:
     def momentum_correction_mode(self):
         """The correction mode in force: "threshold", "every_change" or "off"."""
         return self._hvd_sched.mode
+
+    @property
+    def lr_multipliers(self):
+        """The `lr_multipliers` rules (variable-name regex -> LR factor, first match wins), a new dict."""
+        return {pattern: factor for pattern, _, factor in self._hvd_sched.multipliers}
+
+    @property
+    def weight_decays(self):
+        """The `weight_decays` rules (variable-name regex -> coupled L2 decay, first match wins), a new dict."""
+        return {pattern: decay for pattern, _, decay in self._hvd_sched.decays}
+
+    def lr_multiplier_for(self, variable):
+        """The LR factor the rules give `variable` (a variable or its name): the first match, else 1.0."""
+        return _first_match(self._hvd_sched.multipliers, _name(variable), 1.0)
+
+    def weight_decay_for(self, variable):
+        """The coupled weight decay the rules give `variable` (a variable or its name): the first match, else 0."""
+        return _first_match(self._hvd_sched.decays, _name(variable), 0.0)
+
+    def check_rules(self, variables):
+        """Raise a ValueError now if an `lr_multipliers` or `weight_decays` pattern matches none of `variables`
+        (the first step checks the same against the variables it trains)."""
+        check_rules(self._hvd_sched, [_name(v) for v in variables])
 
     @property
     def lr_scale(self):
@@ -201,7 +252,7 @@ class _ScheduledBase:
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         grads_and_vars = list(grads_and_vars)
         variables = [v for _, v in grads_and_vars]
-        if self._hvd_sched.multipliers:
+        if self._hvd_sched.multipliers or self._hvd_sched.decays:
             self._hvd_sched.check_multipliers([v for g, v in grads_and_vars if g is not None])
         if variables and self._hvd_sched.corrections[0].size:
             _slots.build_slots(self, variables, kwargs.get("name"))
@@ -217,6 +268,27 @@ class _ScheduledBase:
 
     def _hvd_sched_folds_factor(self):
         return False
+
+    def _hvd_sched_decayed(self, gradient, variable):
+        """`gradient + decay * variable` (Caffe2's WeightedSum), or `gradient` itself where the decay is 0.
+
+        A sparse gradient becomes dense: L2 decays every row of the variable, not only the rows in the batch.
+        """
+        decay = self._hvd_sched.weight_decay(variable) if self._hvd_sched.decays else 0.0
+        if decay == 0.0:
+            return gradient
+        if isinstance(gradient, tf.IndexedSlices):
+            gradient = tf.convert_to_tensor(gradient)
+        return gradient + tf.cast(decay, variable.dtype) * variable
+
+
+def _name(variable):
+    return variable if isinstance(variable, str) else variable.name
+
+
+_BOTH_DECAYS = ("weight_decays= (coupled L2: grad += decay * w before the update, Detectron/Caffe2) and the "
+                "optimizer's own weight_decay={wd!r} ({cls}: decoupled, w -= lr * wd * w after it) would both decay "
+                "the weights; build the optimizer without weight_decay= (e.g. tf.keras.optimizers.SGD(momentum=0.9))")
 
 
 class _ScheduledNew(_ScheduledBase):
@@ -241,6 +313,9 @@ class _ScheduledNew(_ScheduledBase):
         return isinstance(self, tf.keras.optimizers.SGD)
 
     def update_step(self, gradient, variable):
+        # The decay enters the gradient first, so the LR multiplier below scales it too: Caffe2's
+        # WeightDecayBuilder rewrites the gradient before the optimizer, whose LR carries any multiplier.
+        gradient = self._hvd_sched_decayed(gradient, variable)
         factor = self._hvd_sched.multiplier(variable) if self._hvd_sched.multipliers else 1.0
         self._hvd_sched_lr_scale = None if factor == 1.0 else factor  # read by `learning_rate` while traced
         try:
@@ -293,9 +368,15 @@ class _ScheduledLegacy(_ScheduledBase):
         return {key: coefficients}
 
     def _resource_apply_dense(self, grad, var, apply_state=None):
+        grad = self._hvd_sched_decayed(grad, var)
         return super()._resource_apply_dense(grad, var, apply_state=self._scaled_state(var, apply_state))
 
     def _resource_apply_sparse(self, grad, var, indices, apply_state=None):
+        if self._hvd_sched.decays and self._hvd_sched.weight_decay(var) != 0.0:
+            # L2 decays every row: apply the densified, decayed gradient.
+            dense = tf.math.unsorted_segment_sum(grad, indices, tf.shape(var, out_type=indices.dtype)[0])
+            return super()._resource_apply_dense(self._hvd_sched_decayed(dense, var), var,
+                                                 apply_state=self._scaled_state(var, apply_state))
         return super()._resource_apply_sparse(grad, var, indices, apply_state=self._scaled_state(var, apply_state))
 
 
@@ -326,7 +407,7 @@ def scheduled_class(base):
 
 
 def ScheduledOptimizer(optimizer, schedule, *, momentum_correction=None, correction_threshold=None,
-                       lr_multipliers=None, log_corrections=True):
+                       lr_multipliers=None, weight_decays=None, log_corrections=True):
     """Wrap a Keras optimizer so it follows `schedule` in-graph, with Detectron's momentum correction.
 
     The LR at step `it` is `schedule.lr_at(it)`; on the iterations of `schedule.momentum_corrections` the
@@ -352,6 +433,14 @@ def ScheduledOptimizer(optimizer, schedule, *, momentum_correction=None, correct
         correction_threshold: overrides the schedule's SCALE_MOMENTUM_THRESHOLD (>= 1).
         lr_multipliers: dict of variable-name regex -> factor; a variable uses lr * factor of the first pattern
             that `re.search`es its name (e.g. {"bias": 2.0}); every pattern must match some variable.
+        weight_decays: dict of variable-name regex -> decay >= 0, read like `lr_multipliers` (first match wins,
+            unmatched variables get 0, every pattern must match some variable): coupled L2, the update of
+            SGD with momentum mu is V = mu*V + lr*factor*(g + decay*w); w -= V (Detectron's
+            `WeightedSum([grad, ONE, param, WD])` before `MomentumSGDUpdate`; the LR multiplier scales the
+            decay term too, as Caffe2's WeightDecayBuilder, which rewrites the gradient before the optimizer
+            and its LR). E.g. {"bias": 0.0, "": 1e-4}. Not the optimizer's own `weight_decay=` (decoupled,
+            Loshchilov & Hutter; combining both is an error). `build_optimizer(solver, model)` writes both rule
+            sets from a model's layers.
         log_corrections: `LearningRateLogger` (in `horovod_callbacks`) prints one line on rank 0 at each
             correction (iteration, old LR, new LR, factor); the compiled step itself prints nothing.
 
@@ -373,9 +462,11 @@ def ScheduledOptimizer(optimizer, schedule, *, momentum_correction=None, correct
     schedule = as_schedule(schedule)
     _slots.resolve_correction_mode(optimizer, schedule, momentum_correction)  # errors name the user's class
     config = optimizer.get_config()
+    if weight_decays and config.get("weight_decay"):
+        raise ValueError(_BOTH_DECAYS.format(cls=type(optimizer).__name__, wd=config["weight_decay"]))
     config.update(schedule=schedule, momentum_correction=momentum_correction,
                   correction_threshold=correction_threshold, lr_multipliers=lr_multipliers,
-                  log_corrections=log_corrections)
+                  weight_decays=weight_decays, log_corrections=log_corrections)
     return scheduled_class(type(optimizer)).from_config(config)
 
 

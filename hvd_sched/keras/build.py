@@ -1,0 +1,259 @@
+"""`build_optimizer(solver, model)`: Detectron's whole solver for a built Keras model, from one config.
+
+One source of truth (detectron2's `solver/build.py`): the LR schedule, MOMENTUM, NESTEROV, WEIGHT_DECAY and
+WEIGHT_DECAY_GN all come from the config once, and the per-parameter rules of Detectron's
+`add_single_gpu_param_update_ops` (`detectron/modeling/optimizer.py`) are decided from the model's layers:
+
+====================================  ===========================  ===================  ==========
+parameter                             Caffe2 tag / list            weight decay         LR
+====================================  ===========================  ===================  ==========
+`bias` of Dense, Conv*, ... layers    `model.biases`               0 (bias_weight_decay)  x 2 (bias_lr_factor)
+GroupNorm/BatchNorm/LayerNorm `beta`  `model.biases` (BIAS tag)    0 (bias_weight_decay)  x 2 (bias_lr_factor)
+GroupNorm/BatchNorm/LayerNorm `gamma` `model.gn_params`            WEIGHT_DECAY_GN        x 1
+everything else (kernels, ...)        -                            WEIGHT_DECAY           x 1
+====================================  ===========================  ===================  ==========
+
+Why a norm layer's shift counts as a bias: Caffe2's `brew.spatial_gn` (`caffe2/python/helpers/normalization.py`)
+creates the shift `<name>_b` with `tags=ParameterTags.BIAS`, and `ModelHelper.AddParameter`
+(`caffe2/python/model_helper.py`) appends every BIAS-tagged parameter to `model.biases`. Detectron's `ConvGN`
+(`detectron/modeling/detector.py`, lines 482-483) then also appends both the shift and the scale to
+`model.gn_params`, but `add_single_gpu_param_update_ops` tests `param in model.biases` first
+(`detectron/modeling/optimizer.py`, line 113, before `model.gn_params` at line 119), so the shift gets the
+gradient x 2 and no decay, and only the scale `<name>_s` gets WEIGHT_DECAY_GN. `spatial_bn`, `layer_norm` and
+`AffineChannel` tag their shifts BIAS in the same way.
+
+The rules are plain data on the optimizer (`lr_multipliers` and `weight_decays`: exact-variable-name regexes,
+first match wins), kept by `get_config`, so `hvd.DistributedOptimizer`'s rebuild, `model.save` +
+`hvd_sched.keras.load_model` and `tf.train.Checkpoint` keep them.
+"""
+
+import inspect
+import math
+import re
+
+import tensorflow as tf
+
+from .. import Schedule, from_detectron
+from . import optimizer as _optimizer
+
+__all__ = ["build_optimizer", "describe_optimizer", "parameter_groups"]
+
+_NORM_LAYERS = (tf.keras.layers.GroupNormalization, tf.keras.layers.BatchNormalization,
+                tf.keras.layers.LayerNormalization)
+_GROUP_NOUNS = {"kernel": "kernels", "bias": "biases", "norm_scale": "norm scales"}
+
+
+def _number(argument, value, *, allow_none=False):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"Argument `{argument}` must be a number{' or None' if allow_none else ''}. "
+                        f"Received: {argument}={value!r} ({type(value).__name__})")
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"Argument `{argument}` must be a finite number >= 0"
+                         f"{' or None' if allow_none else ''}. Received: {argument}={value!r}")
+    return float(value)
+
+
+def _check_model(model):
+    if not isinstance(model, tf.keras.Model):
+        raise TypeError(f"Argument `model` must be a tf.keras.Model. Received: model={model!r} "
+                        f"({type(model).__name__})")
+    if not model.built:
+        raise ValueError(f"Argument `model` must be built, so its variables exist: start it with tf.keras.Input"
+                         f"(shape) or call model.build(input_shape). Received: an unbuilt model {model.name!r}")
+    if not model.trainable_variables:
+        raise ValueError(f"Argument `model` has no trainable variables, so there is nothing to optimize. "
+                         f"Received: model {model.name!r} with {len(model.variables)} non-trainable variables")
+
+
+def parameter_groups(model):
+    """Detectron's parameter group of each trainable variable of a built model.
+
+    Args:
+        model: a built `tf.keras.Model`.
+
+    Returns:
+        A dict `{"kernel": [...], "bias": [...], "norm_scale": [...], "norm_shift": [...]}` of variables in
+        `model.trainable_variables` order. "bias" holds the `bias` of every layer (Dense, Conv*, ...);
+        "norm_shift" the `beta` and "norm_scale" the `gamma` of GroupNormalization, BatchNormalization and
+        LayerNormalization (and their subclasses); "kernel" every other trainable variable.
+
+    Raises:
+        TypeError: `model` is not a Keras model.
+        ValueError: the model is not built or has no trainable variables.
+    """
+    _check_model(model)
+    tagged = {}
+    for layer in [model, *model.submodules]:
+        if not isinstance(layer, tf.keras.layers.Layer):
+            continue
+        if isinstance(layer, _NORM_LAYERS):
+            for attribute, group in (("gamma", "norm_scale"), ("beta", "norm_shift")):
+                variable = getattr(layer, attribute, None)
+                if isinstance(variable, tf.Variable):
+                    tagged[id(variable)] = group
+        else:
+            bias = getattr(layer, "bias", None)
+            if isinstance(bias, tf.Variable):
+                tagged.setdefault(id(bias), "bias")
+    groups = {"kernel": [], "bias": [], "norm_scale": [], "norm_shift": []}
+    for variable in model.trainable_variables:
+        groups[tagged.get(id(variable), "kernel")].append(variable)
+    return groups
+
+
+def _names_regex(variables):
+    return "^(?:" + "|".join(re.escape(v.name) for v in variables) + ")$"
+
+
+def _solver_schedule(solver, world_size, steps_per_epoch, dialect):
+    if isinstance(solver, Schedule):
+        for argument, value in (("world_size", world_size), ("steps_per_epoch", steps_per_epoch),
+                                ("dialect", dialect)):
+            if value is not None:
+                raise ValueError(f"Argument `{argument}` converts a SOLVER config; `solver` is already a "
+                                 f"Schedule (in iterations, LR scaled). Received: {argument}={value!r}")
+        return solver
+    kwargs = {"world_size": world_size, "steps_per_epoch": steps_per_epoch}
+    if dialect is not None:
+        if "dialect" not in inspect.signature(from_detectron).parameters:
+            raise ValueError(f"Argument `dialect` needs a version of hvd_sched.from_detectron that reads "
+                             f"dialects. Received: dialect={dialect!r}")
+        kwargs["dialect"] = dialect
+    return from_detectron(solver, **kwargs)
+
+
+def build_optimizer(solver, model, *, world_size=None, steps_per_epoch=None, dialect=None, bias_lr_factor=2.0,
+                    bias_weight_decay=0.0, norm_weight_decay=None, momentum_correction=None,
+                    correction_threshold=None, log_corrections=True):
+    """Detectron's solver for `model`: a `ScheduledOptimizer` over `SGD(MOMENTUM, nesterov=NESTEROV)` with the
+    per-parameter weight decay and LR rules of Detectron's `add_single_gpu_param_update_ops`.
+
+    Per parameter w with gradient g (already averaged over the ranks by Horovod) and LR lr of the step:
+    `g' = g + decay * w` (Caffe2's `WeightedSum`, coupled L2), then MomentumSGD with LR `lr * factor`:
+    `V = mu*V + lr*factor*g'; w -= V` (Nesterov: `w -= (1+mu)*V - mu*V_old`), with `decay, factor` from the
+    group of w (see `parameter_groups`):
+
+    - biases (and the shift of every norm layer, a BIAS in Caffe2): `bias_weight_decay`, `bias_lr_factor`;
+    - the scale of GroupNormalization / LayerNormalization: `norm_weight_decay`, else WEIGHT_DECAY_GN; of
+      BatchNormalization: `norm_weight_decay`, else WEIGHT_DECAY_BN where the config has it, else WEIGHT_DECAY_GN;
+    - every other trainable variable: WEIGHT_DECAY, x 1.
+
+    Example:
+        >>> import horovod.tensorflow.keras as hvd, hvd_sched.keras
+        >>> hvd.init()
+        >>> opt = hvd_sched.keras.build_optimizer("configs/e2e_faster_rcnn_R-50-FPN_1x.yaml", model,
+        ...                                       world_size=hvd.size())
+        >>> print(hvd_sched.keras.describe_optimizer(opt, model))
+        weight decay 0.0001 on 2 kernels, 0 on 2 biases at 2x LR
+        >>> model.compile(hvd.DistributedOptimizer(opt), "sparse_categorical_crossentropy")
+        >>> model.fit(x, y, callbacks=hvd_sched.keras.horovod_callbacks())
+
+    Args:
+        solver: anything `hvd_sched.from_detectron` takes (a SOLVER mapping, a mapping with a SOLVER section, a
+            YAML path), or an `hvd_sched.Schedule`.
+        model: a built `tf.keras.Model` (the optimizer's rules name its variables).
+        world_size: passed to `from_detectron` (REFERENCE_WORLD_SIZE scaling); None with a Schedule.
+        steps_per_epoch: passed to `from_detectron` (the `*_EPOCHS` keys); None with a Schedule.
+        dialect: passed to `from_detectron(..., dialect=...)` when given.
+        bias_lr_factor: the LR factor of biases (Detectron: gradient x 2.0).
+        bias_weight_decay: the weight decay of biases (Detectron: 0; detectron2's WEIGHT_DECAY_BIAS).
+        norm_weight_decay: the weight decay of norm-layer scales; None reads the config (see above).
+        momentum_correction: passed to `ScheduledOptimizer` (None: the config's SCALE_MOMENTUM).
+        correction_threshold: passed to `ScheduledOptimizer`.
+        log_corrections: passed to `ScheduledOptimizer`.
+
+    Returns:
+        A `ScheduledSGD` (not Horovod-wrapped): wrap it in `hvd.DistributedOptimizer` for several ranks.
+
+    Raises:
+        TypeError: `model` is not a Keras model, or a config value has the wrong type.
+        ValueError: an unbuilt model or one without trainable variables, an option out of range, a bad config.
+    """
+    bias_lr_factor = _number("bias_lr_factor", bias_lr_factor)
+    bias_weight_decay = _number("bias_weight_decay", bias_weight_decay)
+    norm_weight_decay = _number("norm_weight_decay", norm_weight_decay, allow_none=True)
+    groups = parameter_groups(model)
+    schedule = _solver_schedule(solver, world_size, steps_per_epoch, dialect)
+
+    gn_decay = float(getattr(schedule, "weight_decay_gn", 0.0))
+    bn_decay = getattr(schedule, "weight_decay_bn", None)
+    bn_decay = gn_decay if bn_decay is None else float(bn_decay)
+    norm_layers = {}
+    for layer in [model, *model.submodules]:
+        if isinstance(layer, _NORM_LAYERS) and isinstance(getattr(layer, "gamma", None), tf.Variable):
+            norm_layers[id(layer.gamma)] = layer
+
+    def scale_decay(variable):
+        if norm_weight_decay is not None:
+            return norm_weight_decay
+        return bn_decay if isinstance(norm_layers[id(variable)], tf.keras.layers.BatchNormalization) else gn_decay
+
+    # (variables, decay, factor) in first-match order; the catch-all "" last, as Detectron's final `elif`.
+    rules = [(groups["bias"] + groups["norm_shift"], bias_weight_decay, bias_lr_factor)]
+    for decay in sorted({scale_decay(v) for v in groups["norm_scale"]}):
+        rules.append(([v for v in groups["norm_scale"] if scale_decay(v) == decay], decay, 1.0))
+    weight_decays, lr_multipliers = {}, {}
+    for variables, decay, factor in rules:
+        if variables:
+            weight_decays[_names_regex(variables)] = decay
+            if factor != 1.0:
+                lr_multipliers[_names_regex(variables)] = factor
+    if groups["kernel"]:
+        weight_decays[""] = float(schedule.weight_decay)
+
+    sgd = tf.keras.optimizers.SGD(momentum=schedule.momentum, nesterov=bool(getattr(schedule, "nesterov", False)))
+    opt = _optimizer.ScheduledOptimizer(sgd, schedule, momentum_correction=momentum_correction,
+                                        correction_threshold=correction_threshold,
+                                        lr_multipliers=lr_multipliers or None, weight_decays=weight_decays,
+                                        log_corrections=log_corrections)
+    _check_resolution(opt, model, rules, float(schedule.weight_decay), groups["kernel"])
+    return opt
+
+
+def _check_resolution(opt, model, rules, kernel_decay, kernels):
+    """The name rules give each variable its group's values (variables sharing a name could defeat them)."""
+    opt.check_rules(model.trainable_variables)
+    wanted = {id(v): (kernel_decay, 1.0) for v in kernels}
+    for variables, decay, factor in rules:
+        wanted.update({id(v): (decay, factor) for v in variables})
+    wrong = [v.name for v in model.trainable_variables
+             if (opt.weight_decay_for(v), opt.lr_multiplier_for(v)) != wanted[id(v)]]
+    if wrong:
+        raise ValueError(f"Argument `model` has variables whose names do not identify them: {sorted(set(wrong))} "
+                         f"are shared by parameters of different groups; give the layers unique names")
+
+
+def describe_optimizer(optimizer, model):
+    """One line saying which weight decay and LR factor each of Detectron's parameter groups of `model` gets.
+
+    Example: "weight decay 0.0001 on 53 kernels, 0 on 106 biases at 2x LR (53 norm shifts), 0 on 53 norm scales".
+
+    Args:
+        optimizer: a ScheduledOptimizer (Horovod-wrapped or not), e.g. from `build_optimizer`.
+        model: the built model it trains.
+
+    Returns:
+        The summary string.
+    """
+    if not _optimizer.is_scheduled(optimizer):
+        raise TypeError(f"Argument `optimizer` must be a ScheduledOptimizer. Received: {type(optimizer).__name__}")
+    groups = parameter_groups(model)
+    shifts = {id(v) for v in groups["norm_shift"]}
+    parts = []
+    for group, variables in (("kernel", groups["kernel"]), ("bias", groups["bias"] + groups["norm_shift"]),
+                             ("norm_scale", groups["norm_scale"])):
+        counts = {}
+        for v in variables:
+            key = (optimizer.weight_decay_for(v), optimizer.lr_multiplier_for(v))
+            total, n_shifts = counts.get(key, (0, 0))
+            counts[key] = (total + 1, n_shifts + (id(v) in shifts))
+        for (decay, factor), (total, n_shifts) in counts.items():
+            text = f"{decay:g} on {total} {_GROUP_NOUNS[group]}"
+            if factor != 1.0:
+                text += f" at {factor:g}x LR"
+            if n_shifts:
+                text += f" ({n_shifts} norm shifts)"
+            parts.append(text)
+    return "weight decay " + ", ".join(parts)
