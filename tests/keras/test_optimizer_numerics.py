@@ -124,3 +124,31 @@ def test_history_learning_rate_equals_lr_at(path):
     want_epochs = [schedule.lr_at((e + 1) * STEPS_PER_EPOCH - 1) for e in range(EPOCHS)]
     assert history.history["learning_rate"] == want_epochs
     assert batch_lrs == [schedule.lr_at(it) for it in range(N_ITERS)]
+
+
+POLICY_SOLVERS = {
+    "cosine_decay": {"BASE_LR": 0.2, "LR_POLICY": "cosine_decay", "MAX_ITER": N_ITERS},
+    "exp_decay": {"BASE_LR": 0.2, "LR_POLICY": "exp_decay", "GAMMA": 0.01, "MAX_ITER": N_ITERS},
+    "poly": {"BASE_LR": 0.2, "LR_POLICY": "poly", "POWER": 2.0, "MAX_ITER": N_ITERS},
+    "step": {"BASE_LR": 0.2, "LR_POLICY": "step", "GAMMA": 0.2, "STEP_SIZE": 7, "MAX_ITER": N_ITERS},
+}
+WARMUPS = {"linear_warmup": {"WARM_UP_ITERS": 8, "WARM_UP_FACTOR": 0.1, "WARM_UP_METHOD": "linear"},
+           "constant_warmup": {"WARM_UP_ITERS": 5, "WARM_UP_FACTOR": 0.25, "WARM_UP_METHOD": "constant"}}
+
+
+@pytest.mark.parametrize("warmup", sorted(WARMUPS))
+@pytest.mark.parametrize("policy", sorted(POLICY_SOLVERS))
+@pytest.mark.parametrize("mode", ["threshold", "every_change"])
+def test_every_policy_and_correction_mode_matches_numpy_detectron(policy, warmup, mode):
+    solver = dict(POLICY_SOLVERS[policy], **WARMUPS[warmup])
+    every_change = mode == "every_change"
+    lrs = [detectron_lr(it, solver) for it in range(N_ITERS)]
+    schedule = hvd_sched.from_detectron(solver)
+    np.testing.assert_array_equal(schedule.lr_at(np.arange(N_ITERS)), lrs)  # the reference's own formulas
+    corrections = detectron_corrections(N_ITERS, solver, every_change=every_change)
+    assert corrections, "a case without corrections would not test them"
+    opt = ScheduledOptimizer(tf.keras.optimizers.SGD(momentum=MU), schedule, momentum_correction=mode,
+                             lr_multipliers={"bias": 2.0})
+    model, initial, _ = _fit(opt)
+    expected = _reference(solver, multipliers=[1.0, 2.0, 1.0, 2.0], every_change=every_change, initial=initial)
+    _assert_weights(model.get_weights(), expected)
