@@ -189,7 +189,8 @@ def make_conv_model(seed=1, half_batch=None):
 
     With `half_batch`, BatchNormalization uses `virtual_batch_size=half_batch`: its statistics are those of each
     half of a batch, as on two Horovod ranks that each hold half, so one process on the full batch computes the
-    same gradients. (Keras 2.15 cannot reload such a layer from `model.save`: its saved `axis` is off by one.)
+    same gradients. Keras' virtual batches are strided: virtual batch k holds rows k, k + B/V, k + 2B/V, ... of a
+    batch of B (it reshapes to [V, B / V, ...]), and gamma and beta then have shape (1, 1, 1, 1, C). (Keras 2.15 cannot reload such a layer from `model.save`: its saved `axis` is off by one.)
     """
     import tensorflow as tf  # only the Keras and multi-rank tests build the model
 
