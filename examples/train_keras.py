@@ -9,7 +9,9 @@ What it does, in order: ``hvd.init()``; pin one GPU per local rank (if any); loa
 shipped ``load_digits`` by default, generated data with ``--synthetic``, MNIST/CIFAR-10 via
 ``tf.keras.datasets`` with network) and give each rank an equal, disjoint shard; build the schedule from a
 Detectron-style YAML (``--config``) or from flags, with the LR scaled linearly by ``hvd.size()``
-(``REFERENCE_WORLD_SIZE``); train with ``hvd.DistributedOptimizer(ScheduledOptimizer(SGD(momentum)))`` and
+(``REFERENCE_WORLD_SIZE``); train with ``hvd.DistributedOptimizer(build_optimizer(config, model))`` (Detectron's
+whole solver from the config: MOMENTUM, NESTEROV, WEIGHT_DECAY coupled into the gradient, biases at 2x LR without
+decay, norm scales at WEIGHT_DECAY_GN; the rules are printed) and
 Horovod's broadcast and metric-average callbacks; print the LR of every epoch; write TensorBoard logs and
 checkpoints on rank 0; finally print the validation accuracy measured on every rank.
 
@@ -34,7 +36,7 @@ import tensorflow as tf
 import horovod.tensorflow.keras as hvd
 
 import hvd_sched
-from hvd_sched.keras import EpochCheckpoint, ScheduledOptimizer, horovod_callbacks, restore_latest
+from hvd_sched.keras import EpochCheckpoint, build_optimizer, describe_optimizer, horovod_callbacks, restore_latest
 
 __all__ = ["load_dataset", "shard", "make_dataset", "build_model", "build_schedule", "EpochReport", "main"]
 
@@ -154,27 +156,24 @@ def make_dataset(x, y, batch_size, *, seed, training, skip_batches=0):
 # ---------------------------------------------------------------------------------------------- model
 
 
-def build_model(input_shape, num_classes, weight_decay):
-    """An MLP for flat inputs, a small CNN for images, softmax outputs.
+def build_model(input_shape, num_classes):
+    """An MLP for flat inputs, a small CNN for images, softmax outputs; no regularizers (the weight decay is the
+    optimizer's, from the config: ``build_optimizer``).
 
     Args:
         input_shape: one sample's shape, e.g. ``(64,)`` or ``(28, 28, 1)``.
         num_classes: the number of outputs.
-        weight_decay: Detectron's WEIGHT_DECAY: ``L2(wd / 2)`` on the kernels adds ``wd * w`` to the gradient,
-            as Caffe2's weight decay does (not Keras' decoupled ``weight_decay``).
 
     Returns:
-        An uncompiled ``tf.keras.Sequential``.
+        An uncompiled, built ``tf.keras.Sequential``.
     """
-    l2 = tf.keras.regularizers.L2(weight_decay / 2.0) if weight_decay > 0 else None
     layers = tf.keras.layers
     if len(input_shape) == 1:
-        body = [layers.Dense(64, activation="relu", kernel_regularizer=l2)]
+        body = [layers.Dense(64, activation="relu")]
     else:
-        body = [layers.Conv2D(16, 3, activation="relu", kernel_regularizer=l2), layers.MaxPooling2D(),
-                layers.Conv2D(32, 3, activation="relu", kernel_regularizer=l2), layers.GlobalAveragePooling2D()]
-    return tf.keras.Sequential([tf.keras.Input(input_shape), *body,
-                                layers.Dense(num_classes, activation="softmax", kernel_regularizer=l2)])
+        body = [layers.Conv2D(16, 3, activation="relu"), layers.MaxPooling2D(),
+                layers.Conv2D(32, 3, activation="relu"), layers.GlobalAveragePooling2D()]
+    return tf.keras.Sequential([tf.keras.Input(input_shape), *body, layers.Dense(num_classes, activation="softmax")])
 
 
 def build_schedule(args, steps_per_epoch, world_size):
@@ -263,9 +262,11 @@ def main(argv=None):
             print(f"  the same schedule: hvd-sched show {args.config} --world-size {size} "
                   f"--steps-per-epoch {steps_per_epoch}", flush=True)
 
-    model = build_model(x_train.shape[1:], int(y_train.max()) + 1, schedule.weight_decay)
-    optimizer = hvd.DistributedOptimizer(
-        ScheduledOptimizer(tf.keras.optimizers.SGD(momentum=schedule.momentum), schedule))
+    model = build_model(x_train.shape[1:], int(y_train.max()) + 1)
+    solver = build_optimizer(schedule, model)  # momentum, Nesterov and the weight decays: the config's, once
+    if rank == 0:
+        print(f"  solver: momentum {schedule.momentum:g}, {describe_optimizer(solver, model)}", flush=True)
+    optimizer = hvd.DistributedOptimizer(solver)
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 
     checkpoint_dir = os.path.join(args.out, "ckpt")
