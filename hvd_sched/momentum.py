@@ -28,7 +28,7 @@ import numbers
 
 import numpy as np
 
-__all__ = ["MODES", "lr_change_ratio", "correction_factor", "correction_factors"]
+__all__ = ["MODES", "lr_change_ratio", "correction_factor", "correction_factors", "graph_correction_factor"]
 
 #: The correction modes; ``'off'`` is what ``SCALE_MOMENTUM: False`` means.
 MODES = ("threshold", "every_change", "off")
@@ -134,3 +134,32 @@ def correction_factor(cur_lr, new_lr, mode="threshold", threshold=1.1):
             raise TypeError(f"{name} must be a number, got {value!r}")
     mask, factors = correction_factors(np.array([cur_lr]), np.array([new_lr]), mode, threshold)
     return factors[0] if mask[0] else None
+
+
+def graph_correction_factor(cur_lr, new_lr, mode, threshold, tf):
+    """``correction_factors`` for one step as TensorFlow ops: the factor, 1.0 where the rule does not fire.
+
+    The same comparisons in the same precisions: float32 ``new != cur``, the float64 ``cur > 1e-7`` guard and
+    ratio, and the float32 quotient ``new / cur``. ``tf`` is the TensorFlow module (passed in: this layer
+    imports no TensorFlow).
+
+    Args:
+        cur_lr: float32 scalar tensor, the LR of the previous iteration (0 before the first).
+        new_lr: float32 scalar tensor, this iteration's LR.
+        mode: one of ``MODES``.
+        threshold: ``SCALE_MOMENTUM_THRESHOLD`` (``'threshold'`` mode).
+        tf: the ``tensorflow`` module.
+
+    Returns:
+        A float32 scalar tensor.
+    """
+    _check_rule(mode, threshold)
+    one = tf.constant(1.0, tf.float32)
+    if mode == "off":
+        return one
+    cur64, new64 = tf.cast(cur_lr, tf.float64), tf.cast(new_lr, tf.float64)
+    fires = tf.logical_and(tf.not_equal(new_lr, cur_lr), cur64 > _MIN_CUR_LR)
+    if mode == "threshold":
+        ratio = tf.maximum(new64 / tf.maximum(cur64, _RATIO_EPS), cur64 / tf.maximum(new64, _RATIO_EPS))
+        fires = tf.logical_and(fires, ratio > float(threshold))
+    return tf.where(fires, new_lr / tf.where(fires, cur_lr, one), one)

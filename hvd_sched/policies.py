@@ -179,7 +179,10 @@ def poly(its, base_lr, max_iter, power=1.0):
     """
     remaining = 1.0 - _iter_frac(its, max_iter)
     if power != 1.0:
-        remaining = np.power(remaining, power)
+        # Python's float ** (C's pow), as mmcv and detectron2 compute it, and as TensorFlow's scalar pow does
+        # in-graph; numpy's vectorised power differs from it in the last bit for about half the arguments.
+        remaining = np.fromiter((value**power for value in remaining.tolist()), dtype=np.float64,
+                                count=remaining.size)
     return base_lr * remaining
 
 

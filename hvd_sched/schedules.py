@@ -22,7 +22,7 @@ import numbers
 
 import numpy as np
 
-from . import momentum, policies
+from . import momentum, policies, segments
 
 __all__ = ["Schedule"]
 
@@ -30,18 +30,8 @@ _SCALE_MOMENTUM_MODES = ("threshold", "every_change")
 _STEP_LIST_POLICIES = ("steps_with_decay", "steps_with_lrs", "steps_with_relative_lrs")
 _LRS_POLICIES = ("steps_with_lrs", "steps_with_relative_lrs")
 _ZERO_AT_MAX_ITER = ("cosine_decay", "poly")
-# The keys each policy's LR depends on, for the messages of _check_float32_lrs.
-_POLICY_KEYS = {
-    "step": ("base_lr", "gamma", "step_size", "max_iter"),
-    "steps_with_decay": ("base_lr", "gamma", "steps"),
-    "steps_with_lrs": ("steps", "lrs"),
-    "steps_with_relative_lrs": ("base_lr", "steps", "lrs"),
-    "cosine_decay": ("base_lr", "max_iter"),
-    "exp_decay": ("base_lr", "gamma", "max_iter"),
-    "poly": ("base_lr", "power", "max_iter"),
-    "variable_stepsize": ("base_lr", "gamma", "step_sizes"),
-}
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
+_FLOAT32_TINY = float(np.finfo(np.float32).tiny)
 
 
 # The largest int accepted for an iteration count, a world size or steps per epoch (MAX_ITER, STEP_SIZE, each STEPS
@@ -250,15 +240,16 @@ class Schedule:
             raise ValueError(f"STEP_SIZES must be non-empty for LR_POLICY {policy!r}, got {self._step_sizes!r}")
         if sum(self._step_sizes) > _MAX_INT:  # the last stage end is an iteration too
             raise ValueError(f"STEP_SIZES must sum to <= {_MAX_INT}, got {self._step_sizes!r}")
-        decays = {"step": self._max_iter // self._step_size, "steps_with_decay": len(steps) - 1,
-                  "variable_stepsize": len(self._step_sizes)}
-        if policy in decays:  # GAMMA > 1: the largest exponent gives the largest LR
+        self._policy = segments.policy_for(self)
+        self._pieces = None
+        decays = self._policy.decays()
+        if decays is not None:  # GAMMA > 1: the largest exponent gives the largest LR
             try:
-                largest = policies.decay_table(self._base_lr, self._gamma, decays[policy], decays[policy])
+                largest = policies.decay_table(self._base_lr, self._gamma, decays, decays)
             except OverflowError:
                 largest = np.array([np.inf])
             if not np.isfinite(largest).all():
-                raise ValueError(f"GAMMA {self._gamma!r} overflows BASE_LR * GAMMA ** {decays[policy]} for "
+                raise ValueError(f"GAMMA {self._gamma!r} overflows BASE_LR * GAMMA ** {decays} for "
                                  f"LR_POLICY {policy!r}")
         self._check_float32_lrs()
 
@@ -273,22 +264,12 @@ class Schedule:
         first and last decays and those around WARM_UP_ITERS. Returns a sorted list in ``[0, hold_iter]``.
         """
         hold_iter = self.hold_iter
-        starts = {0, self._warm_up_iters, self._max_iter, hold_iter}
-        policy = self._lr_policy
-        if policy == "step":
-            last = self._max_iter // self._step_size
-            around_warmup = self._warm_up_iters // self._step_size
-            decays = {1, last, around_warmup - 1, around_warmup, around_warmup + 1}
-            starts.update(decay * self._step_size for decay in decays if 1 <= decay <= last)
-        elif policy in _STEP_LIST_POLICIES:
-            starts.update(self._steps)
-        elif policy == "variable_stepsize":
-            starts.update(policies.stage_ends(self._step_sizes))
+        starts = {0, self._warm_up_iters, self._max_iter, hold_iter, *self._policy.critical_starts(self._warm_up_iters)}
         return sorted({it for start in starts for it in range(start - 2, start + 2) if 0 <= it <= hold_iter})
 
     def _lr_keys(self, it):
         """``KEY=value, ...`` of the keys the LR at ``it`` depends on (the warmup keys only while warming up)."""
-        names = ["lr_policy", *_POLICY_KEYS[self._lr_policy]]
+        names = ["lr_policy", *self._policy.keys]
         if it < self._warm_up_iters:
             names += ["warm_up_method", "warm_up_factor", "warm_up_iters"]
         return ", ".join(f"{_key(name)}={getattr(self, '_' + name)!r}" for name in names)
@@ -307,7 +288,9 @@ class Schedule:
             lrs = self.lr_at(its)
             may_be_zero = its >= self._max_iter if self._lr_policy in _ZERO_AT_MAX_ITER else np.zeros(its.shape, bool)
             too_large = ~np.isfinite(policy_lrs.astype(np.float32))
-            not_positive = ~(lrs > 0) & ~may_be_zero
+            # Subnormal float32 LRs are out too: TensorFlow flushes them to 0 on the CPU, so training would not see
+            # the schedule's value.
+            not_positive = ~(lrs >= _FLOAT32_TINY) & ~may_be_zero
             news = np.flatnonzero(np.diff(its) == 1) + 1  # consecutive iterations: (its[new - 1], its[new])
             applies, factors = momentum.correction_factors(lrs[news - 1], lrs[news], self.correction_mode,
                                                            self._scale_momentum_threshold)
@@ -321,8 +304,9 @@ class Schedule:
                 raise ValueError(f"the learning rate must be a finite float32 (<= {_FLOAT32_MAX!r}), got "
                                  f"{float(policy_lrs[index])!r}{warming} at iteration {it} from {self._lr_keys(it)}")
             where = " before MAX_ITER" if self._lr_policy in _ZERO_AT_MAX_ITER else ""
-            raise ValueError(f"the float32 learning rate must be > 0{where}, got {float(lrs[index])!r} at iteration "
-                             f"{it} from {self._lr_keys(it)}")
+            raise ValueError(f"the float32 learning rate must be > 0{where} and a normal float32 (>= "
+                             f"{_FLOAT32_TINY!r}: TensorFlow flushes smaller values to 0), got {float(lrs[index])!r} "
+                             f"at iteration {it} from {self._lr_keys(it)}")
         if bad_factor.any():
             index = news[bad_factor][0]
             it = int(its[index])
@@ -334,22 +318,16 @@ class Schedule:
     # ------------------------------------------------------------------ the schedule
 
     def _policy_lr(self, its):
-        policy = self._lr_policy
-        if policy == "step":
-            return policies.step(its, self._base_lr, self._gamma, self._step_size, self._max_iter)
-        if policy == "steps_with_decay":
-            return policies.steps_with_decay(its, self._base_lr, self._gamma, self._steps)
-        if policy == "steps_with_lrs":
-            return policies.steps_with_lrs(its, self._steps, self._lrs)
-        if policy == "steps_with_relative_lrs":
-            return policies.steps_with_relative_lrs(its, self._base_lr, self._steps, self._lrs)
-        if policy == "cosine_decay":
-            return policies.cosine_decay(its, self._base_lr, self._max_iter)
-        if policy == "exp_decay":
-            return policies.exp_decay(its, self._base_lr, self._gamma, self._max_iter)
-        if policy == "poly":
-            return policies.poly(its, self._base_lr, self._max_iter, self._power)
-        return policies.variable_stepsize(its, self._base_lr, self._gamma, self._step_sizes)
+        return self._policy.lr(its)
+
+    def _lr64(self, its):
+        """The float64 LR before its float32 rounding: the policy LR times the warmup factor while warming up."""
+        lr = self._policy.lr(its)
+        warming = np.flatnonzero(its < self._warm_up_iters)
+        if warming.size:
+            lr[warming] *= policies.warmup_factor(its[warming], self._warm_up_method, self._warm_up_iters,
+                                                  self._warm_up_factor)
+        return lr
 
     def lr_at(self, it):
         """The learning rate at 0-based iteration ``it``, as Detectron's ``get_lr_at_iter(it)``.
@@ -365,12 +343,7 @@ class Schedule:
             TypeError: for a bool, a float or a non-integer array.
         """
         its, shape = _as_iterations(it, self.hold_iter)
-        lr = self._policy_lr(its)
-        warming = np.flatnonzero(its < self._warm_up_iters)
-        if warming.size:
-            lr[warming] *= policies.warmup_factor(its[warming], self._warm_up_method, self._warm_up_iters,
-                                                  self._warm_up_factor)
-        lr32 = lr.astype(np.float32)
+        lr32 = self._lr64(its).astype(np.float32)
         return float(lr32[0]) if shape is None else lr32.reshape(shape)
 
     @property
@@ -383,26 +356,21 @@ class Schedule:
         if later (except for ``cosine_decay`` and ``poly``, which hold 0 past MAX_ITER whatever the warmup). It is
         the smallest such iteration unless the values themselves repeat (GAMMA 1, equal LRS entries).
         """
-        policy = self._lr_policy
-        if policy in ("cosine_decay", "poly"):
-            return self._max_iter
-        if policy == "step":
-            last_change = (self._max_iter // self._step_size) * self._step_size
-        elif policy in _STEP_LIST_POLICIES:
-            last_change = self._steps[-1]
-        elif policy == "variable_stepsize":
-            last_change = sum(self._step_sizes)
-        else:
-            last_change = self._max_iter
-        return max(last_change, self._warm_up_iters)
+        held_from = self._policy.held_from()
+        if held_from is not None:
+            return held_from
+        return max(self._policy.last_change(), self._warm_up_iters)
 
     @property
     def correction_mode(self):
         """``'off'`` if not SCALE_MOMENTUM, else SCALE_MOMENTUM_MODE (``'threshold'`` or ``'every_change'``)."""
         return self._scale_momentum_mode if self._scale_momentum else "off"
 
-    def momentum_corrections(self, stop, start=0):
-        """Where the momentum-correction rule rescales the momentum buffers, walking ``start..stop-1``.
+    def momentum_corrections(self, stop, start=0, *, mode=None, threshold=None, limit=None):
+        """Where the momentum-correction rule rescales the momentum buffers in ``start..stop-1``.
+
+        The result is that of a walk of every iteration, found from the pieces without one
+        (``hvd_sched.segments.find_corrections``): the cost grows with the pieces and the corrections.
 
         As Detectron's training loop (``UpdateWorkspaceLr`` / ``_SetNewLr``): at each iteration ``cur`` is the LR
         of the previous iteration (0 before iteration 0, so iteration 0 never corrects) and ``new = lr_at(it)``.
@@ -413,6 +381,10 @@ class Schedule:
         Args:
             stop: one past the last iteration walked (int >= 0), e.g. MAX_ITER.
             start: the first iteration walked (0 <= start <= stop).
+            mode: the correction mode (default ``correction_mode``; ScheduledOptimizer may override it).
+            threshold: the ratio threshold (default SCALE_MOMENTUM_THRESHOLD).
+            limit: return only the first ``limit`` (an ``every_change`` rule on a long continuous policy
+                corrects at every float32 LR change: tens of millions of iterations), or None for all.
 
         Returns:
             A list of ``(iteration, factor)``: ``factor`` is ``new / cur`` in float32, as a Python float.
@@ -425,29 +397,47 @@ class Schedule:
         start = _integer("start", start, low=0, high=None, label="start")
         if start > stop:
             raise ValueError(f"start must be <= stop, got start={start}, stop={stop}")
+        mode = self.correction_mode if mode is None else mode
+        threshold = self._scale_momentum_threshold if threshold is None else threshold
+        momentum.correction_factors([], [], mode, threshold)  # validates the rule
         # Past hold_iter the LR does not change, so no iteration after it can correct.
-        stop = min(stop, self.hold_iter + 1)
-        if start >= stop:
-            return []
-        its = np.arange(start, stop, dtype=np.int64)
-        new = self.lr_at(its)
-        first_cur = self.lr_at(start - 1) if start > 0 else 0.0
-        cur = np.concatenate([np.array([first_cur], dtype=np.float32), new[:-1]])
-        mask, factors = momentum.correction_factors(cur, new, self.correction_mode, self._scale_momentum_threshold)
-        return [(int(it), float(factor)) for it, factor in zip(its[mask], factors[mask])]
+        if limit is not None:
+            limit = _integer("limit", limit, low=1, high=None, label="limit")
+        its, factors = segments.find_corrections(self.pieces(), self.lr_at, self._lr64, start,
+                                                 min(stop, self.hold_iter + 1), mode, threshold, limit)
+        return [(int(it), float(factor)) for it, factor in zip(its.tolist(), factors.tolist())]
+
+    def pieces(self):
+        """The schedule as a short list of ``hvd_sched.segments.Piece``: the policy's pieces joined with the
+        warmup. Their number depends on the policy and its lists (STEPS, STEP_SIZES), never on MAX_ITER."""
+        if self._pieces is None:
+            self._pieces = segments.join_warmup(self._policy.pieces(), self._warm_up_iters, self._warm_up_method,
+                                                self._policy.held_from())
+        return list(self._pieces)
+
+    def graph_lr(self, it, tf):
+        """The LR at the scalar int64 tensor ``it`` as TensorFlow ops: ``lr_at`` in-graph, no table.
+
+        The float64 formula of the policy and the warmup with the same operations as ``lr_at``, then float32.
+        ``tf`` is the TensorFlow module (passed in: this layer imports no TensorFlow).
+        """
+        it = tf.cast(it, tf.int64)
+        lr = self._policy.graph_lr(it, tf)
+        if self._warm_up_iters > 0:
+            if self._warm_up_method == "constant":
+                factor = tf.constant(self._warm_up_factor, tf.float64)
+            else:
+                alpha = segments.tf_divide(tf.cast(it, tf.float64), self._warm_up_iters, tf)
+                factor = self._warm_up_factor * (1 - alpha) + alpha
+            lr = tf.where(it < np.int64(self._warm_up_iters), lr * factor, lr)
+        return tf.cast(lr, tf.float32)
 
     def boundaries(self):
         """Sorted unique iterations where a phase starts or ends: 0, WARM_UP_ITERS (if > 0), each step or stage
         end of the policy (``step``: the multiples of STEP_SIZE up to MAX_ITER), and MAX_ITER."""
-        points = {0, self._max_iter}
+        points = {0, self._max_iter, *self._policy.boundaries()}
         if self._warm_up_iters > 0:
             points.add(self._warm_up_iters)
-        if self._lr_policy == "step":
-            points.update(range(self._step_size, self._max_iter + 1, self._step_size))
-        elif self._lr_policy in _STEP_LIST_POLICIES:
-            points.update(self._steps)
-        elif self._lr_policy == "variable_stepsize":
-            points.update(policies.stage_ends(self._step_sizes))
         return sorted(points)
 
     # ------------------------------------------------------------------ serialization

@@ -1,17 +1,17 @@
-"""Exact lookup tables built from a pure schedule, for use inside a TensorFlow graph.
+"""The schedule inside a TensorFlow graph: the LR and the momentum-correction factor at a step, no tables.
 
-The Keras glue does no schedule arithmetic: it evaluates `Schedule.lr_at` once, in numpy, over every iteration
-up to `schedule.hold_iter` (after which the LR never changes), and the momentum-correction rule over the same
-range. The training graph then only gathers from these tables, so the LR and the correction factors used in
-training are bit-for-bit the float32 values `lr_at` and `momentum_corrections` report.
+The Keras glue does no schedule arithmetic: `Schedule.graph_lr` gives the policy's float64 formula (with the
+same operations as `Schedule.lr_at`) rounded to float32, and `hvd_sched.momentum.graph_correction_factor` the
+correction rule on the LRs of this iteration and the one before. The graph holds a handful of constants
+(the STEPS, the decay values), never one per iteration, so its size and build time do not depend on MAX_ITER.
 """
 
-import numpy as np
+import tensorflow as tf
 
-from ..momentum import MODES, correction_factors
+from ..momentum import MODES, graph_correction_factor
 from ..schedules import Schedule
 
-__all__ = ["as_schedule", "lr_table", "correction_table"]
+__all__ = ["as_schedule", "graph_lr", "graph_factor", "has_corrections"]
 
 
 def as_schedule(schedule):
@@ -25,26 +25,27 @@ def as_schedule(schedule):
         f"got {type(schedule).__name__}: {schedule!r}")
 
 
-def lr_table(schedule):
-    """float32 LR for iterations 0..hold_iter; index min(it, hold_iter) gives lr_at(it) for every it >= 0."""
-    return np.asarray(schedule.lr_at(np.arange(schedule.hold_iter + 1, dtype=np.int64)), dtype=np.float32)
+def graph_lr(schedule, step):
+    """float32 `schedule.lr_at(step)` as graph ops on the int tensor `step`."""
+    return schedule.graph_lr(step, tf)
 
 
-def correction_table(schedule, mode, threshold):
-    """Iterations where the rule rescales the momentum slots, and the float32 factor at each.
+def graph_factor(schedule, step, mode, threshold):
+    """The float32 factor the momentum slots are multiplied by before the update of iteration `step`.
 
-    Walks 0..hold_iter as Detectron's loop does (the LR before iteration 0 is 0, so iteration 0 never
-    corrects); past hold_iter the LR is constant and nothing is rescaled.
-
-    Returns:
-        (iterations int64 array, factors float32 array), both sorted by iteration and possibly empty.
+    Detectron's walk: the LR before iteration 0 is 0 (no correction there); otherwise the rule compares the LR
+    of `step - 1` with that of `step`. 1.0 on every step where the rule does not fire.
     """
+    step = tf.cast(step, tf.int64)
+    new = schedule.graph_lr(step, tf)
+    cur = tf.where(step > 0, schedule.graph_lr(tf.maximum(step - 1, 0), tf), tf.constant(0.0, tf.float32))
+    return graph_correction_factor(cur, new, mode, threshold, tf)
+
+
+def has_corrections(schedule, mode, threshold):
+    """True when the rule fires at least once (found from the schedule's pieces, without a walk)."""
     if mode not in MODES:
         raise ValueError(f"momentum_correction must be one of {MODES}, got {mode!r}")
     if mode == "off":
-        return np.zeros(0, np.int64), np.zeros(0, np.float32)
-    lrs = lr_table(schedule)
-    prev = np.concatenate([np.zeros(1, np.float32), lrs[:-1]])
-    mask, factors = correction_factors(prev, lrs, mode=mode, threshold=threshold)
-    iterations = np.nonzero(mask)[0].astype(np.int64)
-    return iterations, np.asarray(factors, np.float32)[iterations]
+        return False
+    return bool(schedule.momentum_corrections(schedule.hold_iter + 1, mode=mode, threshold=threshold, limit=1))

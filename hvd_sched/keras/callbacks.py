@@ -9,7 +9,8 @@ import sys
 import tensorflow as tf
 
 from . import _slots
-from ._tables import as_schedule, correction_table, lr_table
+from ..momentum import correction_factor
+from ._tables import as_schedule
 from .optimizer import is_scheduled
 
 __all__ = ["ScheduleCallback", "LearningRateLogger", "horovod_callbacks"]
@@ -72,8 +73,7 @@ class ScheduleCallback(_IterationTracker):
         self.momentum_correction = momentum_correction
         self.correction_threshold = correction_threshold
         self.verbose = verbose
-        self._lrs = lr_table(self.schedule)
-        self._corrections = {}
+        self._rule = ("off", 1.0)
         self._last_lr = None
         self._lr = None
 
@@ -93,24 +93,25 @@ class ScheduleCallback(_IterationTracker):
         mode = _slots.resolve_correction_mode(optimizer, self.schedule, self.momentum_correction)
         threshold = (self.schedule.scale_momentum_threshold if self.correction_threshold is None
                      else float(self.correction_threshold))
-        iterations, factors = correction_table(self.schedule, mode, threshold)
-        self._corrections = dict(zip(iterations.tolist(), factors.tolist()))
+        self._rule = (mode, threshold)
         self._last_lr = None
 
     def on_train_batch_begin(self, batch, logs=None):
         it = self._iteration(batch)
-        lr = self._lrs[min(it, self._lrs.shape[0] - 1)]
+        lr = self.schedule.lr_at(it)
         optimizer = self.model.optimizer
         if lr != self._last_lr:
             optimizer.learning_rate.assign(lr)
             self._last_lr = lr
-        factor = self._corrections.get(it)
+        old_lr = self.schedule.lr_at(it - 1) if it > 0 else 0.0  # Detectron's LR blob is 0 before iteration 0
+        factor = correction_factor(old_lr, lr, *self._rule) if self._rule[0] != "off" else None
         if factor is not None:
+            factor = float(factor)
             for slot in _slots.all_momentum_slots(optimizer):
                 slot.assign(slot * tf.cast(factor, slot.dtype))
             if self.verbose:
-                _say_correction(it, float(self._lrs[it - 1]), float(lr), factor)
-        self._lr = float(lr)
+                _say_correction(it, old_lr, lr, factor)
+        self._lr = lr
 
     def on_train_batch_end(self, batch, logs=None):
         if logs is not None:
@@ -137,33 +138,30 @@ class LearningRateLogger(_IterationTracker):
         super().__init__()
         self.schedule = None if schedule is None else as_schedule(schedule)
         self.per_batch = per_batch
-        self._lrs = None if self.schedule is None else lr_table(self.schedule)
         self._last_batch = None
-        self._corrections = {}
+        self._rule = None  # (mode, threshold) of the corrections to announce, or None
         if not per_batch:
             # Keras skips batch hooks still marked as the default, which keeps the training loop fast.
             self.on_train_batch_end = tf.keras.callbacks.Callback.on_train_batch_end.__get__(self)
 
     def on_train_begin(self, logs=None):
         optimizer = self.model.optimizer
-        if self._lrs is None:
+        if self.schedule is None:
             if not is_scheduled(optimizer):
                 raise ValueError("LearningRateLogger() without a schedule needs a model compiled with a "
                                  "ScheduledOptimizer; pass the schedule explicitly otherwise")
             self.schedule = optimizer.schedule
-            self._lrs = lr_table(self.schedule)
         # The corrections a ScheduledOptimizer makes in-graph, announced from here (rank 0, one line each).
-        self._corrections = {}
-        if is_scheduled(optimizer) and optimizer.schedule == self.schedule and optimizer._hvd_sched.log_corrections:
-            iterations, factors = optimizer._hvd_sched.corrections
-            self._corrections = dict(zip(iterations.tolist(), factors.tolist()))
+        self._rule = None
+        if is_scheduled(optimizer) and optimizer.schedule == self.schedule and optimizer._hvd_sched.log_corrections \
+                and optimizer._hvd_sched.has_corrections:
+            self._rule = (optimizer._hvd_sched.mode, optimizer._hvd_sched.threshold)
 
     def _announce(self, first, last):
-        """One line per correction made at iterations first..last."""
-        for it in range(first, last + 1):
-            factor = self._corrections.get(it)
-            if factor is not None:
-                _say_correction(it, self._lr_at(it - 1), self._lr_at(it), factor)
+        """One line per correction made at iterations first..last (found from the schedule's pieces)."""
+        mode, threshold = self._rule
+        for it, factor in self.schedule.momentum_corrections(last + 1, first, mode=mode, threshold=threshold):
+            _say_correction(it, self._lr_at(it - 1), self._lr_at(it), factor)
 
     def _lr_of(self, batch):
         return self._lr_at(self._iteration(batch))
@@ -172,10 +170,10 @@ class LearningRateLogger(_IterationTracker):
         optimizer = self.model.optimizer
         if is_scheduled(optimizer) and optimizer.schedule == self.schedule:
             return optimizer.lr_at(iteration)  # includes an elastic world-size scale
-        return float(self._lrs[min(iteration, self._lrs.shape[0] - 1)])
+        return self.schedule.lr_at(iteration)
 
     def on_train_batch_end(self, batch, logs=None):  # replaced per instance when per_batch=False
-        if self._corrections:
+        if self._rule:
             first = self._iteration(self._last_batch + 1 if self._last_batch is not None else 0)
             self._announce(first, self._iteration(batch))
         self._last_batch = batch
@@ -185,7 +183,7 @@ class LearningRateLogger(_IterationTracker):
     def on_epoch_end(self, epoch, logs=None):
         if self._last_batch is None:  # batch hooks off: the epoch ran up to the current iteration
             last = max(self._read_iterations() - 1, 0)
-            if self._corrections:
+            if self._rule:
                 self._announce(self._epoch_start, last)
         else:
             last = self._iteration(self._last_batch)

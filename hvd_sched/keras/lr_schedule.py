@@ -1,9 +1,8 @@
 """`ScheduleLR`: an hvd_sched schedule as a Keras `LearningRateSchedule`, evaluated inside the training graph."""
 
-import numpy as np
 import tensorflow as tf
 
-from ._tables import as_schedule, lr_table
+from ._tables import as_schedule, graph_lr
 
 __all__ = ["ScheduleLR"]
 
@@ -12,9 +11,10 @@ __all__ = ["ScheduleLR"]
 class ScheduleLR(tf.keras.optimizers.schedules.LearningRateSchedule):
     """The LR of an hvd_sched `Schedule` at `optimizer.iterations`, computed in-graph.
 
-    The schedule is tabulated once in numpy (`Schedule.lr_at` over 0..`hold_iter`) and the graph gathers
-    `table[min(step, hold_iter)]`, so the LR used in training is exactly `schedule.lr_at(step)` (float32, as
-    Detectron's `get_lr_at_iter`). This gives the LR without momentum correction; `ScheduledOptimizer` uses it
+    The graph computes the policy's float64 formula with the same operations as `Schedule.lr_at` (a boundary
+    search for the piecewise-constant policies) and rounds it to float32, so the LR used in training is
+    `schedule.lr_at(step)` (float32, as Detectron's `get_lr_at_iter`), with no per-iteration table: the graph
+    is the same size for MAX_ITER 1e4 and 1e9. This gives the LR without momentum correction; `ScheduledOptimizer` uses it
     and adds the correction.
 
     Example:
@@ -28,16 +28,13 @@ class ScheduleLR(tf.keras.optimizers.schedules.LearningRateSchedule):
 
     def __init__(self, schedule):
         self.schedule = as_schedule(schedule)
-        self._table = lr_table(self.schedule)
         # A ScheduledOptimizer sets this to its world-size scale variable (elastic Horovod); x * 1.0 == x, so
         # the LR stays exactly lr_at(step) until the world size changes.
         self.scale = None
 
     def __call__(self, step):
         with tf.name_scope("hvd_sched_lr"):
-            table = tf.constant(self._table, dtype=tf.float32)
-            index = tf.minimum(tf.cast(step, tf.int64), np.int64(self.schedule.hold_iter))
-            lr = tf.gather(table, index)  # iterations are never negative
+            lr = graph_lr(self.schedule, step)
             return lr if self.scale is None else lr * self.scale
 
     def get_config(self):

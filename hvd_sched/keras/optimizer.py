@@ -3,14 +3,14 @@
 Like `hvd.DistributedOptimizer`, `ScheduledOptimizer(opt, schedule)` returns an instance of a subclass of
 `type(opt)` rebuilt from `opt.get_config()`. The subclass
 
-- sets the learning rate to `ScheduleLR(schedule)`: the LR at `optimizer.iterations`, gathered in-graph from an
-  exact float32 table of `schedule.lr_at` (no Python per batch);
+- sets the learning rate to `ScheduleLR(schedule)`: the LR at `optimizer.iterations`, computed in-graph from
+  the schedule's segments with the same float operations as `schedule.lr_at` (no table, no Python per batch);
 - before the update of a step whose LR jumped (Detectron's `_SetNewLr` rule, or every change, or never),
   multiplies every momentum slot by new_lr/old_lr inside the same compiled step. Keras' SGD slot is
   m = mu*m - lr*g, the negative of Detectron's V = mu*V + lr*g, so the same factor applies (also for Nesterov,
-  whose update reads the same slot). For SGD the factor (a gather from a dense float32 table, 1.0 on steps
-  without a correction) multiplies the slot inside the update expression itself: no `tf.cond` and no extra
-  pass over the slots, which kept the per-step cost near that of a plain LR schedule (see bench/). Legacy
+  whose update reads the same slot). For SGD the factor (the correction rule applied in-graph to the LRs of
+  this and the previous iteration, 1.0 on steps without a correction) multiplies the slot inside the update
+  expression itself: no `tf.cond` and no extra pass over the slots, which kept the per-step cost near that of a plain LR schedule (see bench/). Legacy
   optimizers rescale behind a `tf.cond` that is false on steps without a correction;
 - applies `lr_multipliers` (variable-name regex -> factor): matching variables use lr * factor, as the seed's
   lr_x = lr * LR_FACTOR (Detectron's own convention gives biases 2x the LR);
@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from . import _slots
-from ._tables import as_schedule, correction_table
+from ._tables import as_schedule, graph_factor, has_corrections
 from .lr_schedule import ScheduleLR
 
 __all__ = ["ScheduledOptimizer", "is_scheduled", "scheduled_class", "custom_objects", "load_model"]
@@ -89,10 +89,8 @@ class _Options:
         self.mode = _slots.resolve_correction_mode(optimizer, self.schedule, momentum_correction)
         threshold = (self.schedule.scale_momentum_threshold if correction_threshold is None
                      else float(correction_threshold))
-        self.corrections = correction_table(self.schedule, self.mode, threshold)
-        # Dense: index min(it, hold_iter + 1); the extra 1.0 keeps a correction due at hold_iter from repeating.
-        self.factor_table = np.ones(self.schedule.hold_iter + 2, np.float32)
-        self.factor_table[self.corrections[0]] = self.corrections[1]
+        self.threshold = threshold
+        self.has_corrections = has_corrections(self.schedule, self.mode, threshold)
         self.checked_multipliers = False
 
     def config(self):
@@ -229,11 +227,10 @@ class _ScheduledBase:
         return config
 
     def _hvd_sched_step_factor(self):
-        """This step's slot factor, gathered from the dense table (1.0 on every step without a correction)."""
-        table = self._hvd_sched.factor_table
+        """This step's slot factor from the rule on this and the previous iteration's LR (1.0 on most steps)."""
+        options = self._hvd_sched
         with tf.name_scope("hvd_sched_momentum_correction"):
-            index = tf.minimum(tf.cast(self.iterations, tf.int64), table.shape[0] - 1)
-            return tf.gather(tf.constant(table, tf.float32), index)
+            return graph_factor(options.schedule, self.iterations, options.mode, options.threshold)
 
     def _hvd_sched_rescale(self, variables):
         """Multiply the momentum slots by this step's factor, behind a tf.cond that is false on most steps."""
@@ -254,7 +251,7 @@ class _ScheduledBase:
         variables = [v for _, v in grads_and_vars]
         if self._hvd_sched.multipliers or self._hvd_sched.decays:
             self._hvd_sched.check_multipliers([v for g, v in grads_and_vars if g is not None])
-        if variables and self._hvd_sched.corrections[0].size:
+        if variables and self._hvd_sched.has_corrections:
             _slots.build_slots(self, variables, kwargs.get("name"))
             if self._hvd_sched_folds_factor():
                 # SGD: the factor multiplies the slot inside the update itself (no tf.cond, no extra pass).

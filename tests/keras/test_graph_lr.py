@@ -1,0 +1,118 @@
+"""The in-graph LR and correction factor (segments, no tables) against the numpy schedule, bit for bit.
+
+The graph is run the way training runs it: one scalar step at a time (a `tf.while_loop` of the same ops that
+`ScheduleLR` and `ScheduledOptimizer` build), over every iteration of long ranges and at samples up to 1e9.
+The numpy side is `Schedule.lr_at` (checked against Detectron's own formulas in tests/unit) and a plain walk of
+the correction rule over every iteration, written here, not `momentum_corrections`.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hvd_sched import Schedule, momentum
+from hvd_sched.keras import ScheduleLR, ScheduledOptimizer
+from hvd_sched.keras._tables import graph_factor
+
+CONFIGS = {
+    "step": dict(lr_policy="step", base_lr=0.1, gamma=0.5, step_size=37000, max_iter=10**6, warm_up_iters=100),
+    "step_many_decays": dict(lr_policy="step", base_lr=0.1, gamma=0.9999, step_size=9, max_iter=10**6, warm_up_iters=50),
+    "steps_with_decay": dict(lr_policy="steps_with_decay", base_lr=0.02, steps=[0, 3000, 600000, 900000],
+                             max_iter=10**6, warm_up_iters=500),
+    "steps_with_lrs": dict(lr_policy="steps_with_lrs", steps=[0, 10, 500000], lrs=[0.1, 0.05, 0.001],
+                           max_iter=10**6, warm_up_iters=0),
+    "steps_with_relative_lrs": dict(lr_policy="steps_with_relative_lrs", base_lr=0.4, steps=[0, 200000, 700000],
+                                    lrs=[1.0, 0.1, 0.01], max_iter=10**6, warm_up_method="constant",
+                                    warm_up_iters=1000, warm_up_factor=0.1),
+    "cosine_decay": dict(lr_policy="cosine_decay", base_lr=0.1, max_iter=10**6, warm_up_iters=2000,
+                         scale_momentum_threshold=1.0001),
+    "exp_decay": dict(lr_policy="exp_decay", base_lr=0.1, gamma=1e-3, max_iter=10**6, warm_up_iters=300),
+    "poly": dict(lr_policy="poly", base_lr=0.1, power=0.9, max_iter=10**6, warm_up_iters=10,
+                 scale_momentum_mode="every_change"),
+    "variable_stepsize": dict(lr_policy="variable_stepsize", base_lr=0.1, gamma=0.3, step_sizes=[100, 20000, 5],
+                              max_iter=10**6, scale_momentum_mode="every_change"),
+}
+
+
+def _graph_values(schedule, start, count, mode, threshold):
+    """(lr, factor) of iterations start..start+count-1, one scalar step at a time, inside one tf.function."""
+
+    @tf.function
+    def run():
+        def body(k, lrs, factors):
+            it = tf.constant(start, tf.int64) + tf.cast(k, tf.int64)
+            return (k + 1, lrs.write(k, ScheduleLR(schedule)(it)),
+                    factors.write(k, graph_factor(schedule, it, mode, threshold)))
+
+        _, lrs, factors = tf.while_loop(lambda k, *_: k < count, body,
+                                        [0, tf.TensorArray(tf.float32, count), tf.TensorArray(tf.float32, count)])
+        return lrs.stack(), factors.stack()
+
+    lrs, factors = run()
+    return lrs.numpy(), factors.numpy()
+
+
+def _walked_factors(schedule, its, mode, threshold):
+    """The rule on every iteration, as Detectron's loop applies it (0 before iteration 0)."""
+    new = schedule.lr_at(its)
+    cur = np.where(its > 0, schedule.lr_at(np.maximum(its - 1, 0)), np.float32(0))
+    mask, factors = momentum.correction_factors(cur, new, mode, threshold)
+    return np.where(mask, factors, np.float32(1))
+
+
+def _check(schedule, start, count):
+    mode, threshold = schedule.correction_mode, schedule.scale_momentum_threshold
+    lrs, factors = _graph_values(schedule, start, count, mode, threshold)
+    its = np.arange(start, start + count, dtype=np.int64)
+    np.testing.assert_array_equal(lrs, schedule.lr_at(its))
+    np.testing.assert_array_equal(factors, _walked_factors(schedule, its, mode, threshold))
+    corrected = its[factors != 1]
+    assert [it for it, _ in schedule.momentum_corrections(start + count, start)] == corrected.tolist()
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_graph_lr_and_factor_equal_numpy_on_the_first_iterations(name):
+    _check(Schedule(**CONFIGS[name]), 0, 30000)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_graph_lr_and_factor_equal_numpy_at_every_iteration_of_a_million(name):
+    schedule = Schedule(**CONFIGS[name])
+    _check(schedule, 0, schedule.hold_iter + 2)
+
+
+@pytest.mark.parametrize("policy, extra", [
+    ("steps_with_decay", dict(steps=[0, 3 * 10**8, 6 * 10**8])),
+    ("step", dict(step_size=10**7, gamma=0.9)),
+    ("step", dict(step_size=2000, gamma=0.9999)),
+    ("exp_decay", dict(gamma=0.01)),
+    ("poly", dict(power=2.0)),
+    ("cosine_decay", dict(max_iter=2 * 10**8)),
+])
+def test_graph_lr_equals_numpy_at_samples_up_to_1e9(policy, extra):
+    config = {"lr_policy": policy, "base_lr": 0.1, "max_iter": 10**9, "warm_up_iters": 10**6, **extra}
+    schedule = Schedule(**config)
+    end = max(schedule.max_iter, schedule.hold_iter)
+    starts = sorted({0, 10**6 - 100, end // 3, end // 2, end - 5000, end - 100, *[b - 50 for b in
+                     schedule.boundaries()[:20] if b >= 50]})
+    for start in starts:
+        _check(schedule, start, 200)
+
+
+def test_optimizer_graph_has_no_per_iteration_constant():
+    """The compiled step of a 1e9-iteration schedule is as small as a 1e4 one's: no table in the graph."""
+
+    def graph_bytes(max_iter):
+        schedule = Schedule(lr_policy="steps_with_decay", base_lr=0.1, steps=[0, max_iter // 2], max_iter=max_iter)
+        optimizer = ScheduledOptimizer(tf.keras.optimizers.SGD(momentum=0.9), schedule)
+        variable = tf.Variable([1.0, 2.0])
+
+        @tf.function
+        def step():
+            optimizer.apply_gradients([(tf.constant([0.1, 0.2]), variable)])
+
+        return len(step.get_concrete_function().graph.as_graph_def().SerializeToString())
+
+    small, large = graph_bytes(10**4), graph_bytes(10**9)
+    assert large <= small + 64, (small, large)
