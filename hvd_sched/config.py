@@ -33,8 +33,10 @@ import errno
 import inspect
 import math
 import os
+import warnings
 from collections.abc import Mapping
 
+from . import dialects
 from .schedules import _MAX_INT, Schedule, _float_list, _int_list, _integer, _number
 
 __all__ = [
@@ -48,12 +50,17 @@ __all__ = [
 ]
 
 
+# Schedule arguments that only the other dialects set (``hvd_sched.dialects``); not Detectron SOLVER keys.
+_DIALECT_ARGUMENTS = ("dialect", "warm_up_lr", "gradual_increase_lr", "gradual_lr_step", "gradual_lr_start",
+                      "nesterov", "weight_decay_bn")
+
+
 def _schedule_defaults():
     parameters = inspect.signature(Schedule.__init__).parameters.values()
     return {
         parameter.name.upper(): list(parameter.default) if isinstance(parameter.default, tuple) else parameter.default
         for parameter in parameters
-        if parameter.name != "self"
+        if parameter.name != "self" and parameter.name not in _DIALECT_ARGUMENTS
     }
 
 
@@ -77,8 +84,9 @@ _POSITIVE_EPOCH_KEYS = ("MAX_EPOCHS", "STEP_SIZE_EPOCHS", "STEP_SIZES_EPOCHS")
 def load_solver(path):
     """Read the SOLVER mapping of a Detectron YAML config (``yaml.safe_load``; other sections ignored).
 
-    A file with a top-level ``SOLVER`` key yields that section; a file without one is read as a bare SOLVER
-    mapping. String values are decoded with ``ast.literal_eval`` where that succeeds, as Detectron's
+    A file with a top-level ``SOLVER`` key yields that section. A file without one is read as a bare SOLVER
+    mapping, unless it has other sections (``MODEL:``, ``TRAIN:``, ...): then, as Detectron's merge would, no
+    SOLVER key is set and every default applies (a ``UserWarning`` says so). String values are decoded with ``ast.literal_eval`` where that succeeds, as Detectron's
     ``_decode_cfg_value`` does (so ``BASE_LR: 1e-3``, a string in YAML 1.1, is the number 0.001).
 
     Args:
@@ -115,6 +123,11 @@ def load_solver(path):
         return {}
     if not isinstance(document, Mapping):
         raise ValueError(f"{path}: expected a mapping at the top level, got {type(document).__name__}")
+    if "SOLVER" not in document and any(isinstance(value, Mapping) and key != "WARMUP"
+                                         for key, value in document.items()):
+        # A whole config (MODEL:, TRAIN:, ...) without a SOLVER section: Detectron's merge keeps every default.
+        warnings.warn(f"{path}: no SOLVER section; the solver's defaults are used", UserWarning, stacklevel=2)
+        return {}
     section = document["SOLVER"] if "SOLVER" in document else document
     if section is None:
         return {}
@@ -164,9 +177,13 @@ def _check_keys(section):
         if key.upper() in SOLVER_KEYS or key.upper() in EPOCH_KEYS:
             raise ValueError(f"SOLVER key {key!r} is not upper case; did you mean {key.upper()!r}? "
                              f"(Schedule.from_config takes the lower-case get_config() keys)")
-        close = difflib.get_close_matches(key.upper(), valid, n=1)
-        hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {sorted(valid)}"
+        hint = dialects.foreign_key_hint(key, "detectron") or _close_match_hint(key, valid)
         raise ValueError(f"unknown SOLVER key {key!r}{hint}")
+
+
+def _close_match_hint(key, valid):
+    close = difflib.get_close_matches(key.upper(), valid, n=1)
+    return f"; did you mean {close[0]!r}?" if close else f"; valid keys: {sorted(valid)}"
 
 
 def _convert_epochs(section, steps_per_epoch, notes):
@@ -234,8 +251,8 @@ def _scale_linearly(section, world_size, from_epochs, notes):
     return scale, reference
 
 
-def from_detectron(solver, *, steps_per_epoch=None, world_size=None):
-    """Build a ``Schedule`` from Detectron's SOLVER keys.
+def from_detectron(solver, *, steps_per_epoch=None, world_size=None, dialect="detectron"):
+    """Build a ``Schedule`` from Detectron's SOLVER keys (or those of another Detectron-family repository).
 
     Args:
         solver: a mapping of upper-case SOLVER keys, a mapping with a ``SOLVER`` section (other sections
@@ -243,6 +260,9 @@ def from_detectron(solver, *, steps_per_epoch=None, world_size=None):
         steps_per_epoch: iterations per epoch (int > 0), required by the ``*_EPOCHS`` keys.
         world_size: the number of workers (int > 0), required by ``REFERENCE_WORLD_SIZE > 0`` and
             ``WARM_UP_FACTOR: horovod``; otherwise unused.
+        dialect: ``'detectron'`` (default), ``'large_scale_vrd'`` or ``'video_nonlocal'``: whose keys, defaults
+            and LR / warmup / correction semantics the config has (``hvd_sched.dialects``, docs/dialects.md).
+            The hvd_sched additions (epoch keys, REFERENCE_WORLD_SIZE, ...) belong to ``'detectron'``.
 
     Returns:
         A validated ``Schedule`` in iterations.
@@ -257,11 +277,19 @@ def from_detectron(solver, *, steps_per_epoch=None, world_size=None):
         >>> from_detectron({"BASE_LR": 0.1, "REFERENCE_WORLD_SIZE": 8, "MAX_ITER": 1000}, world_size=16).lr_at(700)
         0.20000000298023224
     """
+    if not isinstance(dialect, str) or dialect not in dialects.DIALECTS:
+        raise ValueError(f"dialect must be one of {list(dialects.DIALECTS)}, got {dialect!r}")
     if steps_per_epoch is not None:
         steps_per_epoch = _integer("steps_per_epoch", steps_per_epoch, low=1, label="steps_per_epoch")
     if world_size is not None:
         world_size = _integer("world_size", world_size, low=1, label="world_size")
     section = _solver_section(solver)
+    if dialect != "detectron":
+        arguments, _ = dialects.schedule_arguments(section, dialect, _close_match_hint)
+        try:
+            return Schedule(**arguments)
+        except (ValueError, TypeError) as error:
+            raise type(error)(dialects.rename(str(error), dialect)) from error
     _check_keys(section)
     notes = []
     from_epochs = _convert_epochs(section, steps_per_epoch, notes)

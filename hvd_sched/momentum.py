@@ -11,6 +11,10 @@ Modes (``SOLVER.SCALE_MOMENTUM`` / ``SOLVER.SCALE_MOMENTUM_MODE``):
   1e-10)) > SCALE_MOMENTUM_THRESHOLD``, both strict.
 - ``'every_change'`` (the seed's ``add_variable_stepsize_lr``): rescale whenever ``new != cur``, keeping the
   ``cur > 1e-7`` guard (before the first iteration ``cur`` is 0 and there is nothing to rescale).
+- ``'any_change'`` (Large-Scale-VRD's ``add_variable_stepsize_lr``): rescale whenever the unrounded (float64)
+  LR changes, by ``new / prev`` of the unrounded LRs; no threshold and no guard (its LRs are never 0).
+- ``'relative_change'`` (video-nonlocal-net's ``_SetNewLr``): rescale when the float32 LR changes and
+  ``abs(new - cur) > abs(1e-7 * new)`` (the float32 difference compared in float64, as under NumPy 1.x).
 - ``'off'``: never.
 
 The LRs are float32, as Detectron's LR blob is: inputs are converted to float32 first, the ratio is computed in
@@ -28,14 +32,19 @@ import numbers
 
 import numpy as np
 
-__all__ = ["MODES", "lr_change_ratio", "correction_factor", "correction_factors", "graph_correction_factor"]
+__all__ = ["MODES", "DIALECT_MODES", "lr_change_ratio", "correction_factor", "correction_factors", "graph_correction_factor"]
 
 #: The correction modes; ``'off'`` is what ``SCALE_MOMENTUM: False`` means.
 MODES = ("threshold", "every_change", "off")
+#: The modes of the other Detectron-family dialects (``from_detectron(..., dialect=...)`` picks them).
+DIALECT_MODES = ("any_change", "relative_change")
+_ALL_MODES = MODES + DIALECT_MODES
 
 # Detectron's _get_lr_change_ratio eps and _SetNewLr guard.
 _RATIO_EPS = 1e-10
 _MIN_CUR_LR = 1e-7
+# video-nonlocal-net's relative guard: abs(new - cur) > abs(1e-7 * new).
+_RELATIVE_CHANGE = 1e-7
 
 
 def _as_float32(values, name):
@@ -46,8 +55,8 @@ def _as_float32(values, name):
 
 
 def _check_rule(mode, threshold):
-    if not isinstance(mode, str) or mode not in MODES:
-        raise ValueError(f"SCALE_MOMENTUM_MODE must be one of {list(MODES)}, got {mode!r}")
+    if not isinstance(mode, str) or mode not in _ALL_MODES:
+        raise ValueError(f"SCALE_MOMENTUM_MODE must be one of {list(_ALL_MODES)}, got {mode!r}")
     if isinstance(threshold, bool) or not isinstance(threshold, numbers.Real):
         raise TypeError(f"SCALE_MOMENTUM_THRESHOLD must be a number, got {threshold!r}")
     if not threshold >= 1.0 or threshold == float("inf"):
@@ -76,17 +85,18 @@ def lr_change_ratio(cur_lr, new_lr):
     return float(ratio) if ratio.ndim == 0 else ratio
 
 
-def correction_factors(cur_lrs, new_lrs, mode="threshold", threshold=1.1):
+def correction_factors(cur_lrs, new_lrs, mode="threshold", threshold=1.1, cur_lrs64=None, new_lrs64=None):
     """Where the rule rescales the momentum buffers, and by how much (vectorised).
 
-    The Keras glue builds its in-graph table with ``prev = concat([0], lrs[:-1])`` and
-    ``correction_factors(prev, lrs, mode, threshold)``; ``Schedule.momentum_corrections`` is built on it too.
+    ``Schedule.momentum_corrections`` applies it to ``lr_at(it - 1)`` and ``lr_at(it)``.
 
     Args:
         cur_lrs: LRs before each change (the previous iteration's LR, 0 before the first).
         new_lrs: LRs after each change (same shape).
         mode: one of ``MODES``.
         threshold: ``SCALE_MOMENTUM_THRESHOLD`` (``>= 1``), used by ``'threshold'`` only.
+        cur_lrs64: the unrounded float64 LRs before (``'any_change'`` only; default ``cur_lrs``).
+        new_lrs64: the unrounded float64 LRs after (``'any_change'`` only; default ``new_lrs``).
 
     Returns:
         ``(mask, factors)``: a bool array, True where the rule rescales, and a float32 array holding ``new / cur``
@@ -101,14 +111,25 @@ def correction_factors(cur_lrs, new_lrs, mode="threshold", threshold=1.1):
     new32 = _as_float32(new_lrs, "new_lrs")
     if cur32.shape != new32.shape:
         raise ValueError(f"cur_lrs and new_lrs must have the same shape, got {cur32.shape} and {new32.shape}")
+    factors = np.ones(new32.shape, dtype=np.float32)
     if mode == "off":
-        mask = np.zeros(new32.shape, dtype=bool)
+        return np.zeros(new32.shape, dtype=bool), factors
+    if mode == "any_change":
+        cur64 = np.asarray(cur_lrs if cur_lrs64 is None else cur_lrs64, dtype=np.float64)
+        new64 = np.asarray(new_lrs if new_lrs64 is None else new_lrs64, dtype=np.float64)
+        mask = new64 != cur64
+        with np.errstate(divide="ignore", invalid="ignore"):
+            factors[mask] = (new64[mask] / cur64[mask]).astype(np.float32)
+        return mask, factors
+    # Detectron calls _SetNewLr only when the float32 LR changes; the guards compare in float64.
+    mask = new32 != cur32
+    if mode == "relative_change":
+        delta = np.abs((new32 - cur32).astype(np.float32)).astype(np.float64)
+        mask &= delta > np.abs(_RELATIVE_CHANGE * new32.astype(np.float64))
     else:
-        # Detectron calls _SetNewLr only when the float32 LR changes; the guard compares in float64.
-        mask = (new32 != cur32) & (cur32.astype(np.float64) > _MIN_CUR_LR)
+        mask &= cur32.astype(np.float64) > _MIN_CUR_LR
         if mode == "threshold":
             mask &= _ratio64(cur32, new32) > threshold
-    factors = np.ones(new32.shape, dtype=np.float32)
     factors[mask] = new32[mask] / cur32[mask]
     return mask, factors
 
@@ -136,19 +157,21 @@ def correction_factor(cur_lr, new_lr, mode="threshold", threshold=1.1):
     return factors[0] if mask[0] else None
 
 
-def graph_correction_factor(cur_lr, new_lr, mode, threshold, tf):
+def graph_correction_factor(cur_lr, new_lr, mode, threshold, tf, cur_lr64=None, new_lr64=None):
     """``correction_factors`` for one step as TensorFlow ops: the factor, 1.0 where the rule does not fire.
 
-    The same comparisons in the same precisions: float32 ``new != cur``, the float64 ``cur > 1e-7`` guard and
-    ratio, and the float32 quotient ``new / cur``. ``tf`` is the TensorFlow module (passed in: this layer
-    imports no TensorFlow).
+    The same comparisons in the same precisions: float32 ``new != cur``, the float64 guards and ratio, and the
+    float32 quotient ``new / cur`` (``'any_change'``: the float64 LRs and their quotient rounded to float32).
+    ``tf`` is the TensorFlow module (passed in: this layer imports no TensorFlow).
 
     Args:
-        cur_lr: float32 scalar tensor, the LR of the previous iteration (0 before the first).
+        cur_lr: float32 scalar tensor, the LR of the previous iteration.
         new_lr: float32 scalar tensor, this iteration's LR.
         mode: one of ``MODES``.
         threshold: ``SCALE_MOMENTUM_THRESHOLD`` (``'threshold'`` mode).
         tf: the ``tensorflow`` module.
+        cur_lr64: float64 scalar tensor, the unrounded previous LR (``'any_change'``).
+        new_lr64: float64 scalar tensor, the unrounded LR (``'any_change'``).
 
     Returns:
         A float32 scalar tensor.
@@ -157,9 +180,18 @@ def graph_correction_factor(cur_lr, new_lr, mode, threshold, tf):
     one = tf.constant(1.0, tf.float32)
     if mode == "off":
         return one
+    if mode == "any_change":
+        fires = tf.not_equal(new_lr64, cur_lr64)
+        safe = tf.where(fires, cur_lr64, tf.constant(1.0, tf.float64))
+        return tf.where(fires, tf.cast(new_lr64 / safe, tf.float32), one)
     cur64, new64 = tf.cast(cur_lr, tf.float64), tf.cast(new_lr, tf.float64)
-    fires = tf.logical_and(tf.not_equal(new_lr, cur_lr), cur64 > _MIN_CUR_LR)
-    if mode == "threshold":
-        ratio = tf.maximum(new64 / tf.maximum(cur64, _RATIO_EPS), cur64 / tf.maximum(new64, _RATIO_EPS))
-        fires = tf.logical_and(fires, ratio > float(threshold))
+    fires = tf.not_equal(new_lr, cur_lr)
+    if mode == "relative_change":
+        delta = tf.cast(tf.abs(new_lr - cur_lr), tf.float64)
+        fires = tf.logical_and(fires, delta > tf.abs(_RELATIVE_CHANGE * new64))
+    else:
+        fires = tf.logical_and(fires, cur64 > _MIN_CUR_LR)
+        if mode == "threshold":
+            ratio = tf.maximum(new64 / tf.maximum(cur64, _RATIO_EPS), cur64 / tf.maximum(new64, _RATIO_EPS))
+            fires = tf.logical_and(fires, ratio > float(threshold))
     return tf.where(fires, new_lr / tf.where(fires, cur_lr, one), one)

@@ -26,7 +26,7 @@ from . import momentum, policies, segments
 
 __all__ = ["Schedule"]
 
-_SCALE_MOMENTUM_MODES = ("threshold", "every_change")
+_SCALE_MOMENTUM_MODES = ("threshold", "every_change", *momentum.DIALECT_MODES)
 _STEP_LIST_POLICIES = ("steps_with_decay", "steps_with_lrs", "steps_with_relative_lrs")
 _LRS_POLICIES = ("steps_with_lrs", "steps_with_relative_lrs")
 _ZERO_AT_MAX_ITER = ("cosine_decay", "poly")
@@ -200,7 +200,9 @@ class Schedule:
                  max_iter=40000, warm_up_iters=500, warm_up_factor=1.0 / 3.0, warm_up_method="linear",
                  scale_momentum=True, scale_momentum_threshold=1.1, scale_momentum_mode="threshold",
                  log_lr_change_threshold=1.1, momentum=0.9, weight_decay=0.0005, lr_factor=1.0,
-                 step_sizes=(), power=1.0):
+                 step_sizes=(), power=1.0, weight_decay_gn=0.0, dialect="detectron", warm_up_lr=0.1,
+                 gradual_increase_lr=False, gradual_lr_step=0.005, gradual_lr_start=0.1, nesterov=False,
+                 weight_decay_bn=0.0):
         self._base_lr = _number("base_lr", base_lr, low=0, low_open=True)
         self._lr_policy = _choice("lr_policy", lr_policy, policies.POLICIES)
         self._gamma = _number("gamma", gamma, low=0, low_open=True)
@@ -222,7 +224,33 @@ class Schedule:
         self._lr_factor = _number("lr_factor", lr_factor, low=0, low_open=True)
         self._step_sizes = _int_list("step_sizes", step_sizes, low=1)
         self._power = _number("power", power, low=0, low_open=True)
+        self._weight_decay_gn = _number("weight_decay_gn", weight_decay_gn, low=0)
+        self._dialect = _choice("dialect", dialect, tuple(segments.WARMUPS))
+        self._warm_up_lr = _number("warm_up_lr", warm_up_lr, low=0, low_open=True)
+        for name, value in (("gradual_increase_lr", gradual_increase_lr), ("nesterov", nesterov)):
+            if not isinstance(value, (bool, np.bool_)):
+                raise TypeError(f"{_key(name)} must be a bool, got {value!r}")
+        self._gradual_increase_lr = bool(gradual_increase_lr)
+        self._gradual_lr_step = _number("gradual_lr_step", gradual_lr_step, low=0, low_open=True)
+        self._gradual_lr_start = _number("gradual_lr_start", gradual_lr_start, low=0, low_open=True)
+        self._nesterov = bool(nesterov)
+        self._weight_decay_bn = _number("weight_decay_bn", weight_decay_bn, low=0)
+        self._check_dialect()
         self._check_policy_keys()
+
+    def _check_dialect(self):
+        """The policies and warmups each dialect's own code can run (see docs/dialects.md)."""
+        if self._dialect == "large_scale_vrd" and self._lr_policy != "variable_stepsize":
+            raise ValueError(f"LR_POLICY must be 'variable_stepsize' for dialect 'large_scale_vrd' (its training "
+                             f"loop always uses add_variable_stepsize_lr), got {self._lr_policy!r}")
+        if self._dialect == "video_nonlocal":
+            allowed = ("steps_with_lrs", "steps_with_relative_lrs", "steps_with_decay")
+            if self._lr_policy not in allowed:
+                raise ValueError(f"LR_POLICY must be one of {list(allowed)} for dialect 'video_nonlocal' (its "
+                                 f"'step' reads SOLVER.STEP_SIZE, which its config lacks), got {self._lr_policy!r}")
+            if self._warm_up_iters == 1:
+                raise ValueError("WARMUP.WARMUP_END_ITER must be >= 2 (video-nonlocal-net divides by "
+                                 "WARMUP_END_ITER - 1), got 1")
 
     def _check_policy_keys(self):
         steps = self._steps
@@ -241,6 +269,7 @@ class Schedule:
         if sum(self._step_sizes) > _MAX_INT:  # the last stage end is an iteration too
             raise ValueError(f"STEP_SIZES must sum to <= {_MAX_INT}, got {self._step_sizes!r}")
         self._policy = segments.policy_for(self)
+        self._warmup = segments.WARMUPS[self._dialect](self, self._policy)
         self._pieces = None
         decays = self._policy.decays()
         if decays is not None:  # GAMMA > 1: the largest exponent gives the largest LR
@@ -264,14 +293,15 @@ class Schedule:
         first and last decays and those around WARM_UP_ITERS. Returns a sorted list in ``[0, hold_iter]``.
         """
         hold_iter = self.hold_iter
-        starts = {0, self._warm_up_iters, self._max_iter, hold_iter, *self._policy.critical_starts(self._warm_up_iters)}
+        starts = {0, self._max_iter, hold_iter, *self._warmup.starts(),
+                  *self._policy.critical_starts(self._warm_up_iters)}
         return sorted({it for start in starts for it in range(start - 2, start + 2) if 0 <= it <= hold_iter})
 
     def _lr_keys(self, it):
         """``KEY=value, ...`` of the keys the LR at ``it`` depends on (the warmup keys only while warming up)."""
         names = ["lr_policy", *self._policy.keys]
         if it < self._warm_up_iters:
-            names += ["warm_up_method", "warm_up_factor", "warm_up_iters"]
+            names += list(self._warmup.keys)
         return ", ".join(f"{_key(name)}={getattr(self, '_' + name)!r}" for name in names)
 
     def _check_float32_lrs(self):
@@ -322,12 +352,7 @@ class Schedule:
 
     def _lr64(self, its):
         """The float64 LR before its float32 rounding: the policy LR times the warmup factor while warming up."""
-        lr = self._policy.lr(its)
-        warming = np.flatnonzero(its < self._warm_up_iters)
-        if warming.size:
-            lr[warming] *= policies.warmup_factor(its[warming], self._warm_up_method, self._warm_up_iters,
-                                                  self._warm_up_factor)
-        return lr
+        return self._warmup.lr64(its, self._policy.lr(its))
 
     def lr_at(self, it):
         """The learning rate at 0-based iteration ``it``, as Detectron's ``get_lr_at_iter(it)``.
@@ -359,7 +384,7 @@ class Schedule:
         held_from = self._policy.held_from()
         if held_from is not None:
             return held_from
-        return max(self._policy.last_change(), self._warm_up_iters)
+        return max(self._policy.last_change(), self._warmup.end())
 
     @property
     def correction_mode(self):
@@ -411,8 +436,7 @@ class Schedule:
         """The schedule as a short list of ``hvd_sched.segments.Piece``: the policy's pieces joined with the
         warmup. Their number depends on the policy and its lists (STEPS, STEP_SIZES), never on MAX_ITER."""
         if self._pieces is None:
-            self._pieces = segments.join_warmup(self._policy.pieces(), self._warm_up_iters, self._warm_up_method,
-                                                self._policy.held_from())
+            self._pieces = self._warmup.join(self._policy.pieces())
         return list(self._pieces)
 
     def graph_lr(self, it, tf):
@@ -421,23 +445,18 @@ class Schedule:
         The float64 formula of the policy and the warmup with the same operations as ``lr_at``, then float32.
         ``tf`` is the TensorFlow module (passed in: this layer imports no TensorFlow).
         """
+        return tf.cast(self.graph_lr64(it, tf), tf.float32)
+
+    def graph_lr64(self, it, tf):
+        """``graph_lr`` before its float32 rounding (the ``'any_change'`` rule compares these)."""
         it = tf.cast(it, tf.int64)
-        lr = self._policy.graph_lr(it, tf)
-        if self._warm_up_iters > 0:
-            if self._warm_up_method == "constant":
-                factor = tf.constant(self._warm_up_factor, tf.float64)
-            else:
-                alpha = segments.tf_divide(tf.cast(it, tf.float64), self._warm_up_iters, tf)
-                factor = self._warm_up_factor * (1 - alpha) + alpha
-            lr = tf.where(it < np.int64(self._warm_up_iters), lr * factor, lr)
-        return tf.cast(lr, tf.float32)
+        return self._warmup.graph_lr64(it, self._policy.graph_lr(it, tf), tf)
 
     def boundaries(self):
         """Sorted unique iterations where a phase starts or ends: 0, WARM_UP_ITERS (if > 0), each step or stage
         end of the policy (``step``: the multiples of STEP_SIZE up to MAX_ITER), and MAX_ITER."""
         points = {0, self._max_iter, *self._policy.boundaries()}
-        if self._warm_up_iters > 0:
-            points.add(self._warm_up_iters)
+        points.update(start for start in self._warmup.starts() if start > 0)
         return sorted(points)
 
     # ------------------------------------------------------------------ serialization
@@ -453,7 +472,10 @@ class Schedule:
             "scale_momentum_mode": self._scale_momentum_mode,
             "log_lr_change_threshold": self._log_lr_change_threshold, "momentum": self._momentum,
             "weight_decay": self._weight_decay, "lr_factor": self._lr_factor,
-            "step_sizes": list(self._step_sizes), "power": self._power,
+            "step_sizes": list(self._step_sizes), "power": self._power, "weight_decay_gn": self._weight_decay_gn,
+            "dialect": self._dialect, "warm_up_lr": self._warm_up_lr, "gradual_increase_lr": self._gradual_increase_lr,
+            "gradual_lr_step": self._gradual_lr_step, "gradual_lr_start": self._gradual_lr_start,
+            "nesterov": self._nesterov, "weight_decay_bn": self._weight_decay_bn,
         }
 
     @classmethod

@@ -373,7 +373,8 @@ def find_corrections(pieces, lr32, lr64, start, stop, mode, threshold, limit=Non
 
     def walk(its):
         if its.size:
-            mask, factors = momentum.correction_factors(lr32(its - 1), lr32(its), mode, threshold)
+            mask, factors = momentum.correction_factors(lr32(its - 1), lr32(its), mode, threshold,
+                                                        lr64(its - 1), lr64(its))
             found_its.append(its[mask])
             found_factors.append(factors[mask])
             count[0] += int(mask.sum())
@@ -443,4 +444,155 @@ def _quiet(a, b, iteration, lr64, mode, threshold):
     # Any mode: nothing changes inside a monotone range whose float32 LR is the same at both ends.
     tolerance = 1e-12
     monotone = log_ratios[0] <= -tolerance or log_ratios[1] >= tolerance or bool(np.all(log_ratios == 0))
+    if mode == "any_change":  # Large-Scale-VRD compares the unrounded LRs
+        return bool(monotone and before[0] == after[1])
     return bool(monotone and np.float32(before[0]) == np.float32(after[1]))
+
+
+# ---------------------------------------------------------------------------------------------- warmups
+# Each warmup is joined onto a policy: it changes the LR on its own iterations and leaves the rest alone.
+
+
+class DetectronWarmup:
+    """Detectron's ``get_lr_at_iter``: the policy LR times ``WARM_UP_FACTOR`` (constant) or ``WARM_UP_FACTOR *
+    (1 - alpha) + alpha``, ``alpha = it / WARM_UP_ITERS`` (linear), while ``it < WARM_UP_ITERS``."""
+
+    keys = ("warm_up_method", "warm_up_factor", "warm_up_iters")
+
+    def __init__(self, schedule, policy):
+        self.method, self.iters, self.factor = (schedule._warm_up_method, schedule._warm_up_iters,
+                                                schedule._warm_up_factor)
+        self.held_from = policy.held_from()
+
+    def end(self):
+        return self.iters
+
+    def starts(self):
+        return [self.iters]
+
+    def lr64(self, its, policy_lr64):
+        warming = np.flatnonzero(its < self.iters)
+        if warming.size:
+            policy_lr64[warming] *= policies.warmup_factor(its[warming], self.method, self.iters, self.factor)
+        return policy_lr64
+
+    def graph_lr64(self, it, policy_lr64, tf):
+        if self.iters <= 0:
+            return policy_lr64
+        if self.method == "constant":
+            factor = tf.constant(self.factor, tf.float64)
+        else:
+            alpha = tf_divide(tf.cast(it, tf.float64), self.iters, tf)
+            factor = self.factor * (1 - alpha) + alpha
+        return tf.where(it < np.int64(self.iters), policy_lr64 * factor, policy_lr64)
+
+    def join(self, pieces):
+        return join_warmup(pieces, self.iters, self.method, self.held_from)
+
+
+def _replace(pieces, start, stop, kind):
+    """``pieces`` with ``[start, stop)`` replaced by one piece of ``kind``."""
+    if stop <= start:
+        return list(pieces)
+    kept = [part for piece in pieces for part in (piece.clipped(0, start), piece.clipped(stop, None)) if part]
+    return sorted(kept + [Piece(start, stop, kind)], key=lambda piece: piece.start)
+
+
+class VrdWarmup:
+    """Large-Scale-VRD's ``check_and_apply_warmup(i, lr)`` on the 1-based ``i = it + 1``; each case replaces the
+    step LR (``model_builder_rel.py``):
+
+    - ``i <= WARM_UP_ITERS``: the absolute ``WARM_UP_LR``;
+    - else, with GRADUAL_INCREASE_LR and WARM_UP_ITERS > 0, for ``i <= W + n`` (``n = ceil((BASE_LR -
+      WARM_UP_LR) / GRADUAL_LR_STEP)``): ``min(BASE_LR, WARM_UP_LR + GRADUAL_LR_STEP * (i - W))``;
+    - else, with GRADUAL_INCREASE_LR, for ``i <= n`` (``n = ceil((BASE_LR - GRADUAL_LR_START) /
+      GRADUAL_LR_STEP)``): ``min(BASE_LR, GRADUAL_LR_START + GRADUAL_LR_STEP * (i - 1))``.
+    """
+
+    keys = ("warm_up_iters", "warm_up_lr", "gradual_increase_lr", "gradual_lr_step", "gradual_lr_start")
+
+    def __init__(self, schedule, policy):
+        self.iters, self.lr, self.base = schedule._warm_up_iters, schedule._warm_up_lr, schedule._base_lr
+        self.step, self.start = schedule._gradual_lr_step, schedule._gradual_lr_start
+        self.ramp_from, self.ramp_stop, self.ramp_lr = 0, 0, None  # 0-based [ramp_from, ramp_stop)
+        if schedule._gradual_increase_lr:
+            if self.iters > 0:
+                count = int(math.ceil((self.base - self.lr) / self.step))
+                self.ramp_from, self.ramp_stop, self.ramp_lr = self.iters, self.iters + max(count, 0), self.lr
+            else:
+                count = int(math.ceil((self.base - self.start) / self.step))
+                self.ramp_from, self.ramp_stop, self.ramp_lr = 0, max(count, 0), self.start
+
+    def end(self):
+        return max(self.iters, self.ramp_stop)
+
+    def starts(self):
+        return [self.iters, self.ramp_from, self.ramp_stop]
+
+    def _ramp_offset(self, its):
+        """``i - W`` (after the warmup) or ``i - 1`` (from the start) of the 1-based ``i = it + 1``."""
+        return its + 1 - (self.iters if self.iters > 0 else 1)
+
+    def lr64(self, its, policy_lr64):
+        policy_lr64[its < self.iters] = self.lr
+        ramp = np.flatnonzero((its >= self.ramp_from) & (its < self.ramp_stop))
+        if ramp.size:
+            ramped = self.ramp_lr + self.step * self._ramp_offset(its[ramp]).astype(np.float64)
+            policy_lr64[ramp] = np.minimum(self.base, ramped)
+        return policy_lr64
+
+    def graph_lr64(self, it, policy_lr64, tf):
+        lr = policy_lr64
+        if self.ramp_stop > self.ramp_from:
+            offset = tf.cast(self._ramp_offset(it), tf.float64)
+            ramped = tf.minimum(tf.constant(self.base, tf.float64), self.ramp_lr + self.step * offset)
+            lr = tf.where(tf.logical_and(it >= self.ramp_from, it < self.ramp_stop), ramped, lr)
+        if self.iters > 0:
+            lr = tf.where(it < np.int64(self.iters), tf.constant(self.lr, tf.float64), lr)
+        return lr
+
+    def join(self, pieces):
+        pieces = _replace(pieces, 0, self.iters, "constant")
+        return _replace(pieces, self.ramp_from, self.ramp_stop, "smooth")
+
+
+class VnlWarmup:
+    """video-nonlocal-net's ``get_lr_at_iter``: while ``it < WARMUP_END_ITER`` the LR is replaced by
+    ``it * (lr_end - lr_start) / (WARMUP_END_ITER - 1) + lr_start`` with ``lr_start = float32(WARMUP_START_LR)``,
+    ``lr_end = float32(policy LR at WARMUP_END_ITER)``, the difference in float32 and the rest in float64 (NumPy
+    1.x promotes ``int * np.float32`` to float64), then float32 (``lib/utils/lr_policy.py``)."""
+
+    keys = ("warm_up_iters", "warm_up_lr")
+
+    def __init__(self, schedule, policy):
+        self.iters = schedule._warm_up_iters
+        if self.iters > 0:
+            self.start32 = np.float32(schedule._warm_up_lr)
+            end32 = np.float32(policy.lr(np.array([self.iters], dtype=np.int64))[0])
+            self.diff = float(np.float32(end32 - self.start32))
+
+    def end(self):
+        return self.iters
+
+    def starts(self):
+        return [self.iters]
+
+    def lr64(self, its, policy_lr64):
+        warming = np.flatnonzero(its < self.iters)
+        if warming.size:
+            ramp = its[warming].astype(np.float64) * self.diff / float(self.iters - 1) + float(self.start32)
+            policy_lr64[warming] = ramp
+        return policy_lr64
+
+    def graph_lr64(self, it, policy_lr64, tf):
+        if self.iters <= 0:
+            return policy_lr64
+        ramp = tf_divide(tf.cast(it, tf.float64) * self.diff, self.iters - 1, tf) + float(self.start32)
+        return tf.where(it < np.int64(self.iters), ramp, policy_lr64)
+
+    def join(self, pieces):
+        return _replace(pieces, 0, self.iters, "smooth")
+
+
+#: The warmup of each dialect.
+WARMUPS = {"detectron": DetectronWarmup, "large_scale_vrd": VrdWarmup, "video_nonlocal": VnlWarmup}

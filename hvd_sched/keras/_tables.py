@@ -37,9 +37,11 @@ def graph_factor(schedule, step, mode, threshold):
     of `step - 1` with that of `step`. 1.0 on every step where the rule does not fire.
     """
     step = tf.cast(step, tf.int64)
-    new = schedule.graph_lr(step, tf)
-    cur = tf.where(step > 0, schedule.graph_lr(tf.maximum(step - 1, 0), tf), tf.constant(0.0, tf.float32))
-    return graph_correction_factor(cur, new, mode, threshold, tf)
+    new64 = schedule.graph_lr64(step, tf)
+    cur64 = schedule.graph_lr64(tf.maximum(step - 1, 0), tf)
+    new, cur = tf.cast(new64, tf.float32), tf.cast(cur64, tf.float32)
+    factor = graph_correction_factor(cur, new, mode, threshold, tf, cur64, new64)
+    return tf.where(step > 0, factor, tf.constant(1.0, tf.float32))
 
 
 def has_corrections(schedule, mode, threshold):

@@ -29,6 +29,12 @@ CONFIGS = {
     "exp_decay": dict(lr_policy="exp_decay", base_lr=0.1, gamma=1e-3, max_iter=10**6, warm_up_iters=300),
     "poly": dict(lr_policy="poly", base_lr=0.1, power=0.9, max_iter=10**6, warm_up_iters=10,
                  scale_momentum_mode="every_change"),
+    "large_scale_vrd": dict(dialect="large_scale_vrd", lr_policy="variable_stepsize", base_lr=0.01,
+                            step_sizes=[4000, 3000, 200000], max_iter=10**6, warm_up_iters=100, warm_up_lr=0.002,
+                            gradual_increase_lr=True, gradual_lr_step=0.00001, scale_momentum_mode="any_change"),
+    "video_nonlocal": dict(dialect="video_nonlocal", lr_policy="steps_with_relative_lrs", base_lr=0.01,
+                           steps=[0, 500, 800, 900000], lrs=[1, 0.1, 0.01, 0.001], max_iter=10**6,
+                           warm_up_iters=20000, warm_up_lr=0.001, nesterov=True, scale_momentum_mode="relative_change"),
     "variable_stepsize": dict(lr_policy="variable_stepsize", base_lr=0.1, gamma=0.3, step_sizes=[100, 20000, 5],
                               max_iter=10**6, scale_momentum_mode="every_change"),
 }
@@ -56,8 +62,9 @@ def _walked_factors(schedule, its, mode, threshold):
     """The rule on every iteration, as Detectron's loop applies it (0 before iteration 0)."""
     new = schedule.lr_at(its)
     cur = np.where(its > 0, schedule.lr_at(np.maximum(its - 1, 0)), np.float32(0))
-    mask, factors = momentum.correction_factors(cur, new, mode, threshold)
-    return np.where(mask, factors, np.float32(1))
+    new64, cur64 = schedule._lr64(its), schedule._lr64(np.maximum(its - 1, 0))
+    mask, factors = momentum.correction_factors(cur, new, mode, threshold, cur64, new64)
+    return np.where(mask & (its > 0), factors, np.float32(1))
 
 
 def _check(schedule, start, count):

@@ -71,6 +71,7 @@ NUMBER_RANGES = {
 INT_RANGES = {">= 1": [0, -1, -40000, np.int64(0)], ">= 0": [-1, -500, np.int64(-1)]}
 
 NUMBER_KEYS = {"BASE_LR": "> 0", "GAMMA": "> 0", "LR_FACTOR": "> 0", "POWER": "> 0", "WEIGHT_DECAY": ">= 0",
+               "WEIGHT_DECAY_GN": ">= 0",
                "WARM_UP_FACTOR": "(0, 1]", "MOMENTUM": "[0, 1]", "SCALE_MOMENTUM_THRESHOLD": ">= 1",
                "LOG_LR_CHANGE_THRESHOLD": ">= 1"}
 INT_KEYS = {"MAX_ITER": ">= 1", "STEP_SIZE": ">= 1", "WARM_UP_ITERS": ">= 0", "REFERENCE_WORLD_SIZE": ">= 0"}
@@ -367,7 +368,6 @@ YAML_CASES = {
     "reference_world_size_without_world_size.yaml": (ValueError,
                                                      "REFERENCE_WORLD_SIZE=8 requires the world_size argument"),
     "nested_solver.yaml": (ValueError, "unknown SOLVER key 'SOLVER'; valid keys"),
-    "no_solver_section.yaml": (ValueError, "unknown SOLVER key 'MODEL'; valid keys"),
     "key_not_string.yaml": (TypeError, "SOLVER keys must be strings, got 1"),
     "both_units.yaml": (ValueError, "give either MAX_ITER or MAX_EPOCHS, not both", "MAX_ITER=90000, MAX_EPOCHS=12"),
 }
@@ -565,3 +565,12 @@ def test_bug_yaml_values_that_break_decoding(tmp_path, text):
 
 def test_bug_directory_path(tmp_path):
     _raises(ValueError, lambda: from_detectron(os.fspath(tmp_path)), str(tmp_path))
+
+
+def test_a_config_without_a_solver_section_uses_the_defaults_and_says_so():
+    """Issue 11: Detectron's merge keeps every SOLVER default when the file has no SOLVER section (this file was
+    read as a bare SOLVER mapping before, and rejected for 'MODEL')."""
+    path = pathlib.Path(__file__).parents[1] / "fixtures" / "no_solver_section.yaml"
+    with pytest.warns(UserWarning, match="no SOLVER section; the solver's defaults are used"):
+        schedule = from_detectron(path)
+    assert schedule == from_detectron({})

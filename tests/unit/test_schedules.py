@@ -62,7 +62,10 @@ def test_defaults_are_detectrons():
         "max_iter": 40000, "warm_up_iters": 500, "warm_up_factor": 1.0 / 3.0, "warm_up_method": "linear",
         "scale_momentum": True, "scale_momentum_threshold": 1.1, "scale_momentum_mode": "threshold",
         "log_lr_change_threshold": 1.1, "momentum": 0.9, "weight_decay": 0.0005, "lr_factor": 1.0,
-        "step_sizes": [], "power": 1.0,
+        "step_sizes": [], "power": 1.0, "weight_decay_gn": 0.0,
+        # The other dialects' arguments, at values that leave Detectron's behaviour unchanged.
+        "dialect": "detectron", "warm_up_lr": 0.1, "gradual_increase_lr": False, "gradual_lr_step": 0.005,
+        "gradual_lr_start": 0.1, "nesterov": False, "weight_decay_bn": 0.0,
     }
 
 

@@ -1,0 +1,160 @@
+"""The Detectron-family SOLVER dialects: each repository's keys, defaults and semantics -> ``Schedule`` arguments.
+
+Layer 3 (numpy only). ``from_detectron(..., dialect=NAME)`` reads a YAML of that family unchanged:
+
+- ``'detectron'`` (the default): Detectron's ``detectron/core/config.py`` keys plus hvd_sched's additions.
+- ``'large_scale_vrd'``: facebookresearch/Large-Scale-VRD (``lib/core/config_rel.py``; its training loop,
+  ``tools/train_net_rel.py``, only ever calls ``add_variable_stepsize_lr(curr_iter + 1)``): NUM_ITERATIONS,
+  STEP_SIZES stages, an absolute WARM_UP_LR while ``i <= WARM_UP_ITERS``, an optional GRADUAL_INCREASE_LR ramp,
+  SCALE_MOMENTUM defaulting to False and, when on, a correction at every change of the unrounded LR.
+- ``'video_nonlocal'``: facebookresearch/video-nonlocal-net (``lib/core/config.py``, ``lib/utils/lr_policy.py``):
+  STEPS derived from STEP_SIZES, a nested ``WARMUP:`` section (a linear ramp to the policy LR at
+  WARMUP_END_ITER), NESTEROV on by default, SCALE_MOMENTUM False by default and, when on, a correction when
+  ``abs(new - cur) > abs(1e-7 * new)``.
+
+The full spec, with file and line references, is ``docs/dialects.md``. Keys a repository accepts but whose
+value its training never reads are accepted and listed in ``NO_EFFECT`` (the reason is given there).
+"""
+
+import re
+
+from .schedules import _MAX_INT, _integer, _int_list
+
+__all__ = ["DIALECTS", "LABELS", "DEFAULTS", "NO_EFFECT", "foreign_key_hint", "schedule_arguments"]
+
+#: The dialect names ``from_detectron`` accepts.
+DIALECTS = ("detectron", "large_scale_vrd", "video_nonlocal")
+
+#: Each dialect's repository, for messages.
+LABELS = {"detectron": "Detectron", "large_scale_vrd": "Large-Scale-VRD", "video_nonlocal": "video-nonlocal-net"}
+
+#: The SOLVER keys and defaults of the two other dialects (Detectron's are ``hvd_sched.SOLVER_KEYS``).
+DEFAULTS = {
+    "large_scale_vrd": {
+        "NESTEROV": True, "BASE_LR": 0.1, "LR_FACTOR": 1.0, "STEP_SIZES": [150150, 150150, 150150],
+        "NUM_ITERATIONS": 600600, "WEIGHT_DECAY": 0.0001, "WEIGHT_DECAY_BN": 0.0001, "MOMENTUM": 0.9,
+        "LR_POLICY": "step", "LR_TYPE": "variable", "WARM_UP_ITERS": -1, "WARM_UP_LR": 1.0,
+        "GRADUAL_INCREASE_LR": False, "GRADUAL_LR_STEP": 0.005, "GRADUAL_LR_START": 0.1, "SCALE_MOMENTUM": False,
+        "GAMMA": 0.1, "WARM_UP_TYPE": "NA",
+    },
+    "video_nonlocal": {
+        "NESTEROV": True, "WEIGHT_DECAY": 0.0001, "WEIGHT_DECAY_BN": 0.0001, "MOMENTUM": 0.9,
+        "LR_POLICY": "steps_with_relative_lrs", "BASE_LR": 0.1, "STEP_SIZES": [150150, 150150, 150150],
+        "LRS": [1, 0.1, 0.01], "MAX_ITER": 500500, "GAMMA": 0.1, "SCALE_MOMENTUM": False,
+        "WARMUP": {"WARMUP_ON": False, "WARMUP_START_LR": 0.1, "WARMUP_END_ITER": 5005 * 5},
+    },
+}
+
+#: Keys a dialect accepts whose value its repository's training never reads, and why.
+NO_EFFECT = {
+    "large_scale_vrd": {
+        "LR_POLICY": "the loop always calls add_variable_stepsize_lr (variable step sizes)",
+        "LR_TYPE": "only the variable step sizes exist",
+        "WARM_UP_TYPE": "only logged",
+        "NESTEROV": "its MomentumSGDUpdate is built without nesterov (the update is plain momentum)",
+        "WEIGHT_DECAY_BN": "its optimizer has no BN rule (BN/GN shifts are biases, scales get WEIGHT_DECAY)",
+        "LR_FACTOR": "it only fills an lr_x blob that no op reads",
+    },
+    "video_nonlocal": {},
+}
+
+# Schedule messages name hvd_sched's keys; a dialect's user reads its own.
+_RENAMES = {
+    "large_scale_vrd": {"MAX_ITER": "NUM_ITERATIONS", "SCALE_MOMENTUM_MODE": "SCALE_MOMENTUM"},
+    "video_nonlocal": {"WARM_UP_ITERS": "WARMUP.WARMUP_END_ITER", "WARM_UP_LR": "WARMUP.WARMUP_START_LR",
+                       "SCALE_MOMENTUM_MODE": "SCALE_MOMENTUM"},
+}
+_WARMUP_KEYS = ("WARMUP_ON", "WARMUP_START_LR", "WARMUP_END_ITER")
+
+
+def foreign_key_hint(key, dialect):
+    """`` (a Large-Scale-VRD key: pass dialect='large_scale_vrd')`` for a key another dialect has, else ''."""
+    owners = [name for name in DIALECTS if name != dialect and name in DEFAULTS and key in DEFAULTS[name]]
+    if dialect != "detectron":
+        from .config import SOLVER_KEYS  # the Detectron keys; imported here, config imports this module
+
+        if key in SOLVER_KEYS:
+            owners.insert(0, "detectron")
+    if not owners:
+        return ""
+    labels = " and ".join(LABELS[name] for name in owners)
+    passes = " or ".join(f"dialect={name!r}" for name in owners)
+    return f" (a {labels} key: pass {passes})"
+
+
+def rename(message, dialect):
+    """An hvd_sched error message in the dialect's key names."""
+    for ours, theirs in _RENAMES.get(dialect, {}).items():
+        message = re.sub(rf"\b{ours}\b", theirs, message)
+    return message
+
+
+def _check_known(section, dialect, close_matches):
+    known = DEFAULTS[dialect]
+    for key in section:
+        if not isinstance(key, str):
+            raise TypeError(f"SOLVER keys must be strings, got {key!r}")
+        if key in known:
+            continue
+        if key == "STEPS" and dialect == "video_nonlocal":
+            raise ValueError("SOLVER key 'STEPS' cannot be set in a video-nonlocal-net config (its default is None "
+                             "and its loader rejects a list there); it is derived from STEP_SIZES")
+        hint = foreign_key_hint(key, dialect) or close_matches(key, list(known))
+        raise ValueError(f"unknown SOLVER key {key!r} for dialect {dialect!r}{hint}")
+    warmup = section.get("WARMUP")
+    if dialect == "video_nonlocal" and warmup is not None:
+        if not isinstance(warmup, dict):
+            raise TypeError(f"WARMUP must be a mapping of {list(_WARMUP_KEYS)}, got {warmup!r}")
+        for key in warmup:
+            if key not in _WARMUP_KEYS:
+                raise ValueError(f"unknown SOLVER.WARMUP key {key!r}; expected one of {list(_WARMUP_KEYS)}")
+
+
+def _bool(name, value):
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def _string(name, value):
+    if not isinstance(value, str):
+        raise TypeError(f"{name} must be a string, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def schedule_arguments(section, dialect, close_matches):
+    """``(Schedule keyword arguments, notes)`` for a SOLVER mapping of the ``'large_scale_vrd'`` or
+    ``'video_nonlocal'`` dialect, merged over that repository's defaults.
+
+    Raises:
+        ValueError / TypeError: an unknown key (naming the dialect that has it), a value of the wrong type.
+    """
+    _check_known(section, dialect, close_matches)
+    solver = {**DEFAULTS[dialect], **section}
+    notes = [f"{key} is accepted but has no effect in {LABELS[dialect]}: {why}"
+             for key, why in NO_EFFECT[dialect].items() if key in section]
+    common = {"base_lr": solver["BASE_LR"], "gamma": solver["GAMMA"], "momentum": solver["MOMENTUM"],
+              "weight_decay": solver["WEIGHT_DECAY"], "weight_decay_bn": solver["WEIGHT_DECAY_BN"],
+              "scale_momentum": _bool("SCALE_MOMENTUM", solver["SCALE_MOMENTUM"]), "dialect": dialect}
+    if dialect == "large_scale_vrd":
+        for key in ("LR_POLICY", "LR_TYPE", "WARM_UP_TYPE"):
+            _string(key, solver[key])
+        _bool("NESTEROV", solver["NESTEROV"])
+        warm_up_iters = _integer("warm_up_iters", solver["WARM_UP_ITERS"], low=-_MAX_INT)
+        return {**common, "lr_policy": "variable_stepsize", "max_iter": solver["NUM_ITERATIONS"],
+                "step_sizes": _int_list("step_sizes", solver["STEP_SIZES"], low=1),
+                "warm_up_iters": max(warm_up_iters, 0),  # i <= -1 and i <= 0 never hold for i >= 1
+                "warm_up_lr": solver["WARM_UP_LR"], "gradual_increase_lr": solver["GRADUAL_INCREASE_LR"],
+                "gradual_lr_step": solver["GRADUAL_LR_STEP"], "gradual_lr_start": solver["GRADUAL_LR_START"],
+                "lr_factor": solver["LR_FACTOR"], "nesterov": False, "scale_momentum_mode": "any_change"}, notes
+    warmup = {**DEFAULTS[dialect]["WARMUP"], **(solver["WARMUP"] or {})}
+    step_sizes = _int_list("step_sizes", solver["STEP_SIZES"], low=1)
+    steps = [0]
+    for size in step_sizes:  # assert_and_infer_cfg
+        steps.append(steps[-1] + size)
+    on = _bool("WARMUP.WARMUP_ON", warmup["WARMUP_ON"])
+    end_iter = _integer("warm_up_iters", warmup["WARMUP_END_ITER"], low=1, label="WARMUP.WARMUP_END_ITER")
+    return {**common, "lr_policy": _string("LR_POLICY", solver["LR_POLICY"]), "steps": steps,
+            "lrs": solver["LRS"], "max_iter": solver["MAX_ITER"], "warm_up_iters": end_iter if on else 0,
+            "warm_up_lr": warmup["WARMUP_START_LR"], "nesterov": _bool("NESTEROV", solver["NESTEROV"]),
+            "scale_momentum_mode": "relative_change"}, notes
