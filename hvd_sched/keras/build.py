@@ -27,7 +27,6 @@ first match wins), kept by `get_config`, so `hvd.DistributedOptimizer`'s rebuild
 `hvd_sched.keras.load_model` and `tf.train.Checkpoint` keep them.
 """
 
-import inspect
 import math
 import re
 
@@ -43,15 +42,16 @@ _NORM_LAYERS = (tf.keras.layers.GroupNormalization, tf.keras.layers.BatchNormali
 _GROUP_NOUNS = {"kernel": "kernels", "bias": "biases", "norm_scale": "norm scales"}
 
 
-def _number(argument, value, *, allow_none=False):
+def _number(argument, value, *, allow_none=False, say_none=None):
+    say_none = allow_none if say_none is None else say_none
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"Argument `{argument}` must be a number{' or None' if allow_none else ''}. "
+        raise TypeError(f"Argument `{argument}` must be a number{' or None' if say_none else ''}. "
                         f"Received: {argument}={value!r} ({type(value).__name__})")
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"Argument `{argument}` must be a finite number >= 0"
-                         f"{' or None' if allow_none else ''}. Received: {argument}={value!r}")
+                         f"{' or None' if say_none else ''}. Received: {argument}={value!r}")
     return float(value)
 
 
@@ -115,17 +115,39 @@ def _solver_schedule(solver, world_size, steps_per_epoch, dialect):
                 raise ValueError(f"Argument `{argument}` converts a SOLVER config; `solver` is already a "
                                  f"Schedule (in iterations, LR scaled). Received: {argument}={value!r}")
         return solver
-    kwargs = {"world_size": world_size, "steps_per_epoch": steps_per_epoch}
-    if dialect is not None:
-        if "dialect" not in inspect.signature(from_detectron).parameters:
-            raise ValueError(f"Argument `dialect` needs a version of hvd_sched.from_detectron that reads "
-                             f"dialects. Received: dialect={dialect!r}")
-        kwargs["dialect"] = dialect
-    return from_detectron(solver, **kwargs)
+    return from_detectron(solver, world_size=world_size, steps_per_epoch=steps_per_epoch,
+                          dialect="detectron" if dialect is None else dialect)
 
 
-def build_optimizer(solver, model, *, world_size=None, steps_per_epoch=None, dialect=None, bias_lr_factor=2.0,
-                    bias_weight_decay=0.0, norm_weight_decay=None, momentum_correction=None,
+def _dialect_rules(schedule, model, groups, bias_lr_factor, bias_weight_decay, norm_weight_decay):
+    """``[(variables, decay, lr factor)]`` in first-match order, by the schedule's dialect (docs/dialects.md):
+
+    - detectron: biases and norm shifts (Caffe2 BIAS tags) no decay, x 2; norm scales WEIGHT_DECAY_GN;
+    - large_scale_vrd: the same bias rule (its optimizer is Detectron's pre-GN one); norm scales WEIGHT_DECAY
+      (it has no norm rule: WEIGHT_DECAY_BN is never read);
+    - video_nonlocal: no bias rule (biases WEIGHT_DECAY at 1x); every BatchNormalization parameter (its
+      ``'_bn' in name`` rule) WEIGHT_DECAY_BN; other norm parameters WEIGHT_DECAY.
+
+    The explicit arguments, when not None, replace the bias group's decay / factor and the norm decay.
+    """
+    dialect, decay = schedule.dialect, float(schedule.weight_decay)
+    if dialect == "video_nonlocal":
+        batch_norm = {id(v) for layer in [model, *model.submodules]
+                      if isinstance(layer, tf.keras.layers.BatchNormalization) for v in layer.trainable_weights}
+        norm = groups["norm_shift"] + groups["norm_scale"]
+        bn_decay = schedule.weight_decay_bn if norm_weight_decay is None else norm_weight_decay
+        return [(groups["bias"], decay if bias_weight_decay is None else bias_weight_decay,
+                 1.0 if bias_lr_factor is None else bias_lr_factor),
+                ([v for v in norm if id(v) in batch_norm], bn_decay, 1.0),
+                ([v for v in norm if id(v) not in batch_norm], decay, 1.0)]
+    scale_decay = schedule.weight_decay_gn if dialect == "detectron" else decay
+    return [(groups["bias"] + groups["norm_shift"], 0.0 if bias_weight_decay is None else bias_weight_decay,
+             2.0 if bias_lr_factor is None else bias_lr_factor),
+            (groups["norm_scale"], scale_decay if norm_weight_decay is None else norm_weight_decay, 1.0)]
+
+
+def build_optimizer(solver, model, *, world_size=None, steps_per_epoch=None, dialect=None, bias_lr_factor=None,
+                    bias_weight_decay=None, norm_weight_decay=None, momentum_correction=None,
                     correction_threshold=None, log_corrections=True):
     """Detectron's solver for `model`: a `ScheduledOptimizer` over `SGD(MOMENTUM, nesterov=NESTEROV)` with the
     per-parameter weight decay and LR rules of Detectron's `add_single_gpu_param_update_ops`.
@@ -135,10 +157,16 @@ def build_optimizer(solver, model, *, world_size=None, steps_per_epoch=None, dia
     `V = mu*V + lr*factor*g'; w -= V` (Nesterov: `w -= (1+mu)*V - mu*V_old`), with `decay, factor` from the
     group of w (see `parameter_groups`):
 
-    - biases (and the shift of every norm layer, a BIAS in Caffe2): `bias_weight_decay`, `bias_lr_factor`;
-    - the scale of GroupNormalization / LayerNormalization: `norm_weight_decay`, else WEIGHT_DECAY_GN; of
-      BatchNormalization: `norm_weight_decay`, else WEIGHT_DECAY_BN where the config has it, else WEIGHT_DECAY_GN;
+    - biases (and the shift of every norm layer, a BIAS in Caffe2): `bias_weight_decay` (default 0),
+      `bias_lr_factor` (default 2);
+    - the scale of GroupNormalization / BatchNormalization / LayerNormalization: `norm_weight_decay`, else
+      WEIGHT_DECAY_GN (0 by default, as Goyal et al. do for BN);
     - every other trainable variable: WEIGHT_DECAY, x 1.
+
+    For the other dialects the defaults follow their repositories (see `_dialect_rules`): Large-Scale-VRD
+    decays norm scales with WEIGHT_DECAY; video-nonlocal-net has no bias rule and gives BatchNormalization
+    parameters WEIGHT_DECAY_BN. NESTEROV comes from the config (video-nonlocal-net; Large-Scale-VRD's update is
+    never Nesterov, whatever its NESTEROV says).
 
     Example:
         >>> import horovod.tensorflow.keras as hvd, hvd_sched.keras
@@ -156,9 +184,10 @@ def build_optimizer(solver, model, *, world_size=None, steps_per_epoch=None, dia
         model: a built `tf.keras.Model` (the optimizer's rules name its variables).
         world_size: passed to `from_detectron` (REFERENCE_WORLD_SIZE scaling); None with a Schedule.
         steps_per_epoch: passed to `from_detectron` (the `*_EPOCHS` keys); None with a Schedule.
-        dialect: passed to `from_detectron(..., dialect=...)` when given.
-        bias_lr_factor: the LR factor of biases (Detectron: gradient x 2.0).
-        bias_weight_decay: the weight decay of biases (Detectron: 0; detectron2's WEIGHT_DECAY_BIAS).
+        dialect: passed to `from_detectron(..., dialect=...)` (None: 'detectron'); a Schedule carries its own.
+        bias_lr_factor: the LR factor of biases (None: the dialect's; Detectron: gradient x 2.0).
+        bias_weight_decay: the weight decay of biases (None: the dialect's; Detectron: 0; detectron2's
+            WEIGHT_DECAY_BIAS).
         norm_weight_decay: the weight decay of norm-layer scales; None reads the config (see above).
         momentum_correction: passed to `ScheduledOptimizer` (None: the config's SCALE_MOMENTUM).
         correction_threshold: passed to `ScheduledOptimizer`.
@@ -171,29 +200,14 @@ def build_optimizer(solver, model, *, world_size=None, steps_per_epoch=None, dia
         TypeError: `model` is not a Keras model, or a config value has the wrong type.
         ValueError: an unbuilt model or one without trainable variables, an option out of range, a bad config.
     """
-    bias_lr_factor = _number("bias_lr_factor", bias_lr_factor)
-    bias_weight_decay = _number("bias_weight_decay", bias_weight_decay)
+    # None (the dialect's default) is allowed but not advertised: a number is what a user means to pass.
+    bias_lr_factor = _number("bias_lr_factor", bias_lr_factor, allow_none=True, say_none=False)
+    bias_weight_decay = _number("bias_weight_decay", bias_weight_decay, allow_none=True, say_none=False)
     norm_weight_decay = _number("norm_weight_decay", norm_weight_decay, allow_none=True)
     groups = parameter_groups(model)
     schedule = _solver_schedule(solver, world_size, steps_per_epoch, dialect)
 
-    gn_decay = float(getattr(schedule, "weight_decay_gn", 0.0))
-    bn_decay = getattr(schedule, "weight_decay_bn", None)
-    bn_decay = gn_decay if bn_decay is None else float(bn_decay)
-    norm_layers = {}
-    for layer in [model, *model.submodules]:
-        if isinstance(layer, _NORM_LAYERS) and isinstance(getattr(layer, "gamma", None), tf.Variable):
-            norm_layers[id(layer.gamma)] = layer
-
-    def scale_decay(variable):
-        if norm_weight_decay is not None:
-            return norm_weight_decay
-        return bn_decay if isinstance(norm_layers[id(variable)], tf.keras.layers.BatchNormalization) else gn_decay
-
-    # (variables, decay, factor) in first-match order; the catch-all "" last, as Detectron's final `elif`.
-    rules = [(groups["bias"] + groups["norm_shift"], bias_weight_decay, bias_lr_factor)]
-    for decay in sorted({scale_decay(v) for v in groups["norm_scale"]}):
-        rules.append(([v for v in groups["norm_scale"] if scale_decay(v) == decay], decay, 1.0))
+    rules = _dialect_rules(schedule, model, groups, bias_lr_factor, bias_weight_decay, norm_weight_decay)
     weight_decays, lr_multipliers = {}, {}
     for variables, decay, factor in rules:
         if variables:
@@ -203,7 +217,7 @@ def build_optimizer(solver, model, *, world_size=None, steps_per_epoch=None, dia
     if groups["kernel"]:
         weight_decays[""] = float(schedule.weight_decay)
 
-    sgd = tf.keras.optimizers.SGD(momentum=schedule.momentum, nesterov=bool(getattr(schedule, "nesterov", False)))
+    sgd = tf.keras.optimizers.SGD(momentum=schedule.momentum, nesterov=schedule.nesterov)
     opt = _optimizer.ScheduledOptimizer(sgd, schedule, momentum_correction=momentum_correction,
                                         correction_threshold=correction_threshold,
                                         lr_multipliers=lr_multipliers or None, weight_decays=weight_decays,
