@@ -6,7 +6,10 @@
 - ``worker_env``: the environment of a benchmark subprocess (one thread, quiet TensorFlow, the checkout on
   ``PYTHONPATH``);
 - ``machine``: date, cores, CPU model and versions, recorded next to every result;
-- ``summarise``: median and min of repeated timings.
+- ``summarise``: median and min of repeated timings;
+- ``bootstrap_ci``: a 95% percentile bootstrap interval of a statistic of repeated timings;
+- ``verdict``: whether such an interval confirms, refutes or cannot decide an upper-bound target;
+- ``raw_path``: ``docs/bench/<UTC date and time>_<benchmark>.json``, where every full run keeps its raw figures.
 """
 
 import datetime
@@ -17,10 +20,12 @@ import statistics
 import subprocess
 import sys
 
-__all__ = ["ROOT", "DOCS", "limit_threads", "horovodrun_cmd", "worker_env", "machine", "summarise", "write_json"]
+__all__ = ["ROOT", "DOCS", "RAW_DIR", "limit_threads", "horovodrun_cmd", "worker_env", "machine", "summarise",
+           "bootstrap_ci", "verdict", "raw_path", "write_json"]
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
+RAW_DIR = DOCS / "bench"
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -99,6 +104,53 @@ def summarise(values):
     """``{"median": ..., "min": ..., "n": ...}`` of a list of numbers."""
     values = list(values)
     return {"median": statistics.median(values), "min": min(values), "n": len(values)}
+
+
+def bootstrap_ci(statistic, samples, *, paired, resamples=10000, seed=0, level=0.95):
+    """The percentile bootstrap interval ``(low, high)`` of ``statistic(*samples)``.
+
+    Args:
+        statistic: a function of numpy arrays (one per sample) returning a number, e.g. a ratio of medians.
+        samples: sequences of repeated measurements.
+        paired: resample the same indices in every sample (rounds that ran together, so a burst of load hits
+            all of them), or each sample on its own (independent processes).
+        resamples: the number of bootstrap resamples.
+        seed: the seed of the resampling (the interval is reproducible).
+        level: the coverage, 0.95 for a 95% interval.
+    """
+    import numpy as np
+
+    arrays = [np.asarray(sample, dtype=float) for sample in samples]
+    rng = np.random.default_rng(seed)
+    if paired:
+        if len({len(array) for array in arrays}) != 1:
+            raise ValueError(f"paired samples must have equal lengths, got {[len(a) for a in arrays]}")
+        indices = [rng.integers(0, len(arrays[0]), (resamples, len(arrays[0])))] * len(arrays)
+    else:
+        indices = [rng.integers(0, len(array), (resamples, len(array))) for array in arrays]
+    values = np.array([statistic(*(array[index[row]] for array, index in zip(arrays, indices)))
+                       for row in range(resamples)])
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(values, [tail, 100 - tail])
+    return float(low), float(high)
+
+
+def verdict(ci, target):
+    """For an upper-bound target: 'confirmed' (the interval's upper end <= target), 'refuted' (its lower end >
+    target), or 'undecided' (the interval straddles it)."""
+    low, high = ci
+    if high <= target:
+        return "confirmed"
+    if low > target:
+        return "refuted"
+    return "undecided"
+
+
+def raw_path(benchmark, directory=None):
+    """``<directory or docs/bench>/<YYYY-MM-DDTHHMM>_<benchmark>.json`` (UTC): one file per run, never
+    overwritten by a later run."""
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H%M%S")
+    return pathlib.Path(directory or RAW_DIR) / f"{stamp}_{benchmark}.json"
 
 
 def write_json(path, data):

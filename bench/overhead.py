@@ -25,18 +25,30 @@ elsewhere then hits one round of every variant rather than one variant. No
 ``BroadcastGlobalVariablesCallback``: every rank builds the same weights from the same seed, and that callback
 would switch on Keras' per-batch hooks for every variant. Each process uses one TensorFlow thread.
 
+Two more variants compile with ``steps_per_execution=16`` (16 steps per call of the train function, no Python
+in between): ``baseline_spe16`` and ``hvd_sched_optimizer_spe16``, timed in the same interleaved rounds; their
+ratios are against ``baseline_spe16``. Horovod's LR callbacks and ``ScheduleCallback`` set the LR from Python in
+per-batch hooks, which Keras calls once per execution, so they cannot run there: their rows are marked n/a with
+the reason (``NOT_APPLICABLE``).
+
+Every ratio comes with a 95% percentile bootstrap interval over rounds (10,000 resamples of the round indices,
+the same indices for the variant and its reference, since they ran in the same round). The target (``TARGET``:
+``hvd_sched_optimizer`` within 1.02x of constant-LR SGD, at both steps_per_execution) is "confirmed" when the
+interval of the ratio of medians lies at or below it, "refuted" when it lies entirely above it, else "undecided".
+
 A second check, at 2 ranks: one short run each of ``baseline`` and ``hvd_sched_optimizer`` with
 ``HOROVOD_TIMELINE`` set; the allreduce operations and bytes per step in the two timelines must be equal.
 
 Usage::
 
     python bench/overhead.py            # 40 rounds x 100 steps per variant at 1 and 2 ranks -> docs/overhead.json
-    python bench/overhead.py --quick    # 3 rounds x 40 steps, under a minute; writes nothing unless --out
+                                        # and the raw per-round figures -> docs/bench/<date>_overhead.json
+    python bench/overhead.py --quick    # 3 rounds x 40 steps, about a minute; writes nothing unless --out/--raw-dir
 
-Reported per variant: median and min seconds per step over the rounds, their ratios to ``baseline``'s median
-and min, and the median over rounds of (variant / baseline in the same round). The last line printed is one
-JSON object ``{"ranks1": {...}, "ranks2": {...}}`` mapping each variant to its ratio of median step time against
-``baseline`` in the same run.
+Reported per variant: median and min seconds per step over the rounds, their ratios to the reference's median
+and min, and the median over rounds of (variant / reference in the same round), each with its interval. The
+last line printed is one JSON object ``{"ranks1": {...}, "ranks2": {...}}`` mapping each measured variant to its
+ratio of median step time against its reference in the same run.
 """
 
 import argparse
@@ -44,18 +56,34 @@ import json
 import math
 import os
 import pathlib
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+import numpy as np
 
 import _common
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before _common.machine() imports TensorFlow
 import hvd_sched._compat  # noqa: F401,E402  (after sys.path and the log level are set; before Horovod)
 
-VARIANTS = ("baseline", "horovod_callbacks", "keras_schedule", "hvd_sched_optimizer", "hvd_sched_callback")
+STEPS_PER_EXECUTION = 16
+_SPE = f"_spe{STEPS_PER_EXECUTION}"
+VARIANTS = ("baseline", "horovod_callbacks", "keras_schedule", "hvd_sched_optimizer", "hvd_sched_callback",
+            "baseline" + _SPE, "hvd_sched_optimizer" + _SPE)
+#: Variants that cannot run at ``model.compile(steps_per_execution=16)``, and why (rows marked n/a).
+NOT_APPLICABLE = {
+    "horovod_callbacks" + _SPE: "Horovod's LR callbacks set the LR from Python in on_batch_begin/on_batch_end; at "
+                                "steps_per_execution > 1 Keras calls those hooks once per 16 steps, so the LR "
+                                "would change every 16 steps, not per step",
+    "hvd_sched_callback" + _SPE: "ScheduleCallback sets the LR and rescales the momentum from Python before each "
+                                 "batch; at steps_per_execution > 1 it would run once per 16 steps",
+}
+#: The reference each variant's ratios are taken against: constant-LR SGD at the same steps_per_execution.
+REFERENCE = {name: ("baseline" + _SPE if name.endswith(_SPE) else "baseline") for name in VARIANTS}
+TARGET = {"hvd_sched_optimizer": 1.02, "hvd_sched_optimizer" + _SPE: 1.02}  # ratio (median) to REFERENCE
+BOOTSTRAP_RESAMPLES = 10000
 TIMELINE_VARIANTS = ("baseline", "hvd_sched_optimizer")
 
 BASE_LR = 0.05
@@ -116,6 +144,8 @@ def _build(name, tf, hvd, schedule, steps_per_epoch):
 
     model = _model(tf)
     callbacks = []
+    steps_per_execution = STEPS_PER_EXECUTION if name.endswith(_SPE) else 1
+    name = name.removesuffix(_SPE)
     if name == "baseline":
         optimizer = tf.keras.optimizers.SGD(BASE_LR, momentum=MOMENTUM)
     elif name == "horovod_callbacks":
@@ -134,7 +164,7 @@ def _build(name, tf, hvd, schedule, steps_per_epoch):
         callbacks = [hvd_sched.keras.ScheduleCallback(schedule, momentum_correction="threshold")]
     else:
         raise ValueError(f"unknown variant {name!r}; expected one of {VARIANTS}")
-    model.compile(hvd.DistributedOptimizer(optimizer),
+    model.compile(hvd.DistributedOptimizer(optimizer), steps_per_execution=steps_per_execution,
                   loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model, callbacks
 
@@ -269,20 +299,43 @@ def _worker_args(setting, result, variant=None, check=False):
     return args
 
 
+def _ratio_of_medians(values, base):
+    return float(np.median(values) / np.median(base))
+
+
+def _ratio_of_mins(values, base):
+    return float(np.min(values) / np.min(base))
+
+
+def _paired_median(values, base):
+    return float(np.median(values / base))
+
+
+_STATISTICS = {"ratio_median": _ratio_of_medians, "ratio_min": _ratio_of_mins,
+               "ratio_paired_median": _paired_median}
+
+
 def _summary(raw):
+    """Per variant: median and min ms/step and every ratio to its REFERENCE with a 95% bootstrap interval over
+    rounds (the rounds resampled jointly: a round ran every variant, so a burst of load hits them together)."""
     seconds = raw["seconds_per_step"]
-    base = _common.summarise(seconds["baseline"])
     table = {}
     for name in VARIANTS:
-        stats = _common.summarise(seconds[name])
-        paired = statistics.median(t / b for t, b in zip(seconds[name], seconds["baseline"]))
-        table[name] = {
-            "median_ms": round(stats["median"] * 1e3, 4),
-            "min_ms": round(stats["min"] * 1e3, 4),
-            "ratio_median": round(stats["median"] / base["median"], 4),
-            "ratio_min": round(stats["min"] / base["min"], 4),
-            "ratio_paired_median": round(paired, 4),
-        }
+        reference = REFERENCE[name]
+        values, base = np.asarray(seconds[name]), np.asarray(seconds[reference])
+        stats = _common.summarise(values)
+        row = {"reference": reference, "median_ms": round(stats["median"] * 1e3, 4),
+               "min_ms": round(stats["min"] * 1e3, 4)}
+        for key, statistic in _STATISTICS.items():
+            row[key] = round(statistic(values, base), 4)
+            ci = _common.bootstrap_ci(statistic, [values, base], paired=True, resamples=BOOTSTRAP_RESAMPLES)
+            row[key + "_ci95"] = [round(ci[0], 4), round(ci[1], 4)]
+        if name in TARGET:
+            row["target"] = TARGET[name]
+            row["verdict"] = _common.verdict(row["ratio_median_ci95"], TARGET[name])
+        table[name] = row
+    for name, reason in NOT_APPLICABLE.items():
+        table[name] = {"reference": REFERENCE.get(name, "baseline" + _SPE), "not_applicable": reason}
     return table
 
 
@@ -329,13 +382,24 @@ def count_collectives(events, steps):
     }
 
 
+def _interval(row, key):
+    low, high = row[key + "_ci95"]
+    return f"{row[key]:.3f} [{low:.3f}, {high:.3f}]"
+
+
 def _print_table(title, table):
     print(f"\n{title}")
-    print("| variant | median ms/step | min ms/step | ratio (median) | ratio (min) | paired ratio (median) |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| variant | median ms/step | min ms/step | ratio (median) [95% CI] | ratio (min) [95% CI] | "
+          "paired ratio (median) [95% CI] | target |")
+    print("|---|---:|---:|---:|---:|---:|---|")
     for name, row in table.items():
-        print(f"| {name} | {row['median_ms']:.3f} | {row['min_ms']:.3f} | {row['ratio_median']:.3f} | "
-              f"{row['ratio_min']:.3f} | {row['ratio_paired_median']:.3f} |")
+        if "not_applicable" in row:
+            print(f"| {name} | n/a | n/a | n/a | n/a | n/a | {row['not_applicable']} |")
+            continue
+        target = f"<= {row['target']}: {row['verdict']}" if "target" in row else ""
+        print(f"| {name} (/ {row['reference']}) | {row['median_ms']:.3f} | {row['min_ms']:.3f} | "
+              f"{_interval(row, 'ratio_median')} | {_interval(row, 'ratio_min')} | "
+              f"{_interval(row, 'ratio_paired_median')} | {target} |")
 
 
 def driver(args):
@@ -347,15 +411,18 @@ def driver(args):
     script = pathlib.Path(__file__).resolve()
     env = _common.worker_env(threads=1)
     results, durations = {}, {}
+    loads = {"start": round(os.getloadavg()[0], 2)}
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="hvd_sched_overhead_") as tmp:
         tmp = pathlib.Path(tmp)
         raw1 = tmp / "ranks1.json"
         durations["ranks1_s"], _ = _run([sys.executable, str(script), *map(str, _worker_args(
             setting, raw1, check=True))], env, args.timeout, "the 1-rank run")
+        loads["after_ranks1"] = round(os.getloadavg()[0], 2)
         raw2 = tmp / "ranks2.json"
         durations["ranks2_s"], _ = _run(_common.horovodrun_cmd(2, script, _worker_args(setting, raw2)), env,
                                         args.timeout, "the 2-rank run")
+        loads["after_ranks2"] = round(os.getloadavg()[0], 2)
         raws = {"ranks1": json.loads(raw1.read_text()), "ranks2": json.loads(raw2.read_text())}
         timelines = {}
         for variant in TIMELINE_VARIANTS:
@@ -379,6 +446,9 @@ def driver(args):
                      "batch": BATCH, "model": "MLP 32-64-2", "threads_per_process": 1, "base_lr": BASE_LR,
                      "warmup_epochs": WARMUP_EPOCHS, "decay_epochs": list(DECAY_EPOCHS), "gamma": GAMMA},
         "durations_s": {key: round(value, 1) for key, value in durations.items()},
+        "loadavg_1min": loads,
+        "steps_per_execution": {name: (STEPS_PER_EXECUTION if name.endswith(_SPE) else 1) for name in VARIANTS},
+        "not_applicable": NOT_APPLICABLE,
         "ranks1": results["ranks1"],
         "ranks2": results["ranks2"],
         "final_lr": {key: raws[key]["final_lr"] for key in raws},
@@ -386,6 +456,7 @@ def driver(args):
         "horovod_momentum_correction_true": raws["ranks1"]["horovod_momentum_correction_true"],
         "timeline": {**timelines, "identical": same},
         "seconds_per_step": {key: raws[key]["seconds_per_step"] for key in raws},
+        "fit_seconds_per_step": {key: raws[key]["fit_seconds_per_step"] for key in raws},
     }
     for key, title in (("ranks1", "1 rank"), ("ranks2", "2 ranks (horovodrun -np 2 --gloo)")):
         _print_table(f"{title}: {setting['rounds']} rounds x {EPOCHS * setting['steps_per_epoch']} steps per "
@@ -402,11 +473,16 @@ def driver(args):
     for key, lrs in report["final_lr"].items():
         print(f"  {key}: " + ", ".join(f"{name} {value:.6g}" for name, value in lrs.items()))
     print(f"took {durations['total_s']:.0f} s")
+    print(f"1-min load average: {loads}")
     if args.out:
         _common.write_json(args.out, report)
         print(f"wrote {args.out}")
-    print(json.dumps({key: {name: row["ratio_median"] for name, row in results[key].items()}
-                      for key in ("ranks1", "ranks2")}))
+    if args.raw_dir or not args.quick:  # every full run keeps its raw per-round figures, under its own name
+        raw = _common.raw_path("overhead", args.raw_dir)
+        _common.write_json(raw, report)
+        print(f"wrote {raw}")
+    print(json.dumps({key: {name: row["ratio_median"] for name, row in results[key].items()
+                            if "not_applicable" not in row} for key in ("ranks1", "ranks2")}))
     return 0 if same else 1
 
 
@@ -418,6 +494,9 @@ def main(argv=None):
                         help=f"steps per epoch; a round is {EPOCHS} epochs")
     parser.add_argument("--out", default=None,
                         help="where to write the JSON report (default: docs/overhead.json without --quick)")
+    parser.add_argument("--raw-dir", default=None,
+                        help="where this run's raw figures go as <date>_overhead.json (default: docs/bench/ without "
+                             "--quick; with --quick only if given)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds allowed to each subprocess")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--result", default=None, help=argparse.SUPPRESS)
