@@ -17,10 +17,11 @@ import bisect
 import os
 import re
 import sys
+import warnings
 
 import numpy as np
 
-from . import policies
+from . import dialects, policies
 from .config import EPOCH_KEYS, from_detectron, load_solver
 
 __all__ = ["main", "collect_problems", "phases", "EXIT_OK", "EXIT_BAD_INPUT"]
@@ -31,6 +32,10 @@ EXIT_BAD_INPUT = 2
 PROVISIONAL_STEPS_PER_EPOCH = 1000
 
 _INPUT_ERRORS = (ValueError, TypeError)
+_MAX_ROWS = 40  # phase rows of a long `step` policy shown before the middle is folded into one row
+#: ``show`` and ``check`` stop counting momentum corrections here (an every-change rule on a long continuous
+#: policy corrects at every float32 LR change: tens of millions of iterations).
+MAX_CORRECTIONS = 10000
 _STEP_POLICIES = ("steps_with_decay", "steps_with_lrs", "steps_with_relative_lrs")
 _HINTS = (("steps_per_epoch is required", "pass --steps-per-epoch S"),
           ("requires the world_size argument", "pass --world-size N"))
@@ -62,11 +67,13 @@ def _named_keys(error, keys):
     while isinstance(error.__cause__, _INPUT_ERRORS):
         error = error.__cause__
     message = str(error)
+    # The hints name other keys ("did you mean", "valid keys", another dialect's): not the keys at fault.
+    message = re.split(r"; did you mean |; valid keys: | \(a [^)]* key: pass ", message)[0]
     words = set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", message))
     return [key for key in keys if (key in words if isinstance(key, str) else repr(key) in message)]
 
 
-def collect_problems(section, *, steps_per_epoch=None, world_size=None):
+def collect_problems(section, *, steps_per_epoch=None, world_size=None, dialect="detectron"):
     """Validate a SOLVER mapping and list every problem, not only the first.
 
     ``from_detectron`` stops at the first error. Each error names the keys at fault, so those keys are set back
@@ -84,7 +91,8 @@ def collect_problems(section, *, steps_per_epoch=None, world_size=None):
     remaining, removed, problems = dict(section), [], []
     for _ in range(len(section) + 1):
         try:
-            schedule = from_detectron(remaining, steps_per_epoch=steps_per_epoch, world_size=world_size)
+            schedule = from_detectron(remaining, steps_per_epoch=steps_per_epoch, world_size=world_size,
+                                      dialect=dialect)
         except _INPUT_ERRORS as error:
             named = _named_keys(error, list(remaining))
             if not _named_keys(error, removed):
@@ -112,13 +120,17 @@ def _world_size(section, given):
 def _load(args, *, provisional_steps=False):
     """``(schedule, notes)`` for the CONFIG of ``args``, or ``_BadInput`` with every problem."""
     try:
-        section = load_solver(args.config)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            section = load_solver(args.config)
     except OSError as error:
         raise _BadInput([f"cannot read {args.config}: {error.strerror or error}"]) from None
     except ValueError as error:
         raise _BadInput([str(error)]) from None
     world_size, note = _world_size(section, args.world_size)
-    notes = [note] if note else []
+    notes = [str(warning.message) for warning in caught] + ([note] if note else [])
+    notes += [f"{key} has no effect in {dialects.LABELS[args.dialect]}: {why}"
+              for key, why in dialects.NO_EFFECT.get(args.dialect, {}).items() if key in section]
     reference = section.get("REFERENCE_WORLD_SIZE", 0)
     if args.world_size is not None and isinstance(reference, int) and reference > 0 and reference != world_size:
         notes.append(f"LR scaled linearly by world size {world_size} / REFERENCE_WORLD_SIZE {reference}")
@@ -130,7 +142,8 @@ def _load(args, *, provisional_steps=False):
                              "(train_keras.py prints it)"])
         steps_per_epoch = PROVISIONAL_STEPS_PER_EPOCH
         notes.append(f"epoch keys checked with a provisional --steps-per-epoch {steps_per_epoch}")
-    schedule, problems = collect_problems(section, steps_per_epoch=steps_per_epoch, world_size=world_size)
+    schedule, problems = collect_problems(section, steps_per_epoch=steps_per_epoch, world_size=world_size,
+                                          dialect=args.dialect)
     if problems:
         raise _BadInput(problems)
     return schedule, notes
@@ -158,12 +171,15 @@ def phases(schedule):
         ``schedule.boundaries()`` (name: ``warmup (method)``, ``step k`` or the policy), then
         ``("end", last boundary, None, lr_at(last boundary), None)``: the LR held from there on.
     """
-    points = schedule.boundaries()
+    points, folded = _phase_points(schedule)
     rows = []
     for start, end in zip(points, points[1:]):
-        parts = [f"warmup ({schedule.warm_up_method})"] if start < schedule.warm_up_iters else []
+        name = f"warmup ({schedule.warm_up_method})" if schedule.dialect == "detectron" else "warmup"
+        parts = [name] if start < schedule.warmup_end else []
         stage = _stage_index(schedule, start)
-        if stage is None:
+        if start in folded:
+            parts.append(f"steps {stage}..{_stage_index(schedule, end - 1)} (every {schedule.step_size} its)")
+        elif stage is None:
             parts.append(schedule.lr_policy)
         elif stage > 0 or not parts:
             parts.append(f"step {stage}")
@@ -172,33 +188,84 @@ def phases(schedule):
     return rows
 
 
+def _phase_points(schedule):
+    """``schedule.boundaries()``, except that a ``step`` policy of more than ``_MAX_ROWS`` decays keeps its first
+    and last ``_MAX_ROWS // 2`` and folds the rest into one row; returns ``(points, folded row starts)``."""
+    if schedule.lr_policy != "step" or schedule.max_iter // schedule.step_size <= _MAX_ROWS:
+        return schedule.boundaries(), set()
+    size, decays = schedule.step_size, schedule.max_iter // schedule.step_size
+    half = _MAX_ROWS // 2
+    kept = [k * size for k in range(1, half + 1)] + [k * size for k in range(decays - half + 1, decays + 1)]
+    points = sorted({0, schedule.max_iter, *kept, *(p for p in (schedule.warm_up_iters,) if p > 0)})
+    return points, {half * size}
+
+
 def _table(header, rows):
     widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
     return ["  " + "  ".join(str(cell).ljust(width) for cell, width in zip(row, widths)).rstrip()
             for row in (header, *rows)]
 
 
+def _count(corrections):
+    """The number of corrections, or "more than MAX_CORRECTIONS (the first MAX_CORRECTIONS listed)"."""
+    if len(corrections) > MAX_CORRECTIONS:
+        return f"more than {MAX_CORRECTIONS} (the first {MAX_CORRECTIONS} listed)"
+    return str(len(corrections))
+
+
+def _dialect_warmup(schedule):
+    """The warmup of a Large-Scale-VRD or video-nonlocal-net schedule in words (None for Detectron's)."""
+    if schedule.dialect == "large_scale_vrd":
+        parts = [f"WARM_UP_LR {_fmt(schedule.warm_up_lr)} for {schedule.warm_up_iters} its"] \
+            if schedule.warm_up_iters else []
+        if schedule.gradual_increase_lr:
+            parts.append(f"gradual increase by {schedule.gradual_lr_step:g} per it to BASE_LR")
+        return ", then ".join(parts) or "no warmup"
+    if schedule.dialect == "video_nonlocal":
+        return (f"linear warmup from {_fmt(schedule.warm_up_lr)} to the policy LR at iteration "
+                f"{schedule.warm_up_iters}" if schedule.warm_up_iters else "no warmup")
+    return None
+
+
+def _parameter_rules(schedule):
+    """The per-parameter weight decay and LR rules ``build_optimizer`` applies, for this schedule's dialect."""
+    wd = f"{schedule.weight_decay:g}"
+    if schedule.dialect == "video_nonlocal":
+        return (f"weight decay {wd} on kernels and biases (no bias rule), {schedule.weight_decay_bn:g} on "
+                f"BatchNorm parameters (WEIGHT_DECAY_BN); Nesterov {'on' if schedule.nesterov else 'off'}")
+    scales = (f"{schedule.weight_decay_gn:g} on norm scales (WEIGHT_DECAY_GN)" if schedule.dialect == "detectron"
+              else f"{wd} on norm scales (no norm rule)")
+    return f"weight decay {wd} on kernels, 0 on biases and norm shifts at 2x LR, {scales}"
+
+
 def _correction_rule(schedule):
     mode = schedule.correction_mode
     if mode == "threshold":
         return f"when the LR ratio exceeds SCALE_MOMENTUM_THRESHOLD {schedule.scale_momentum_threshold:g}"
+    if mode == "any_change":
+        return "at every change of the unrounded LR (Large-Scale-VRD)"
+    if mode == "relative_change":
+        return "when abs(new - cur) > 1e-7 * new (video-nonlocal-net)"
     return "at every LR change" if mode == "every_change" else "off (SCALE_MOMENTUM: False)"
 
 
 def _show(args):
     schedule, notes = _load(args)
     spe = args.steps_per_epoch
-    warmup = (f"{schedule.warm_up_method} warmup {schedule.warm_up_iters} its from "
-              f"{_fmt(schedule.warm_up_factor)} x BASE_LR" if schedule.warm_up_iters else "no warmup")
+    warmup = _dialect_warmup(schedule) or (f"{schedule.warm_up_method} warmup {schedule.warm_up_iters} its from "
+                                           f"{_fmt(schedule.warm_up_factor)} x BASE_LR" if schedule.warm_up_iters
+                                           else "no warmup")
     lines = [f"{args.config}: {schedule.lr_policy}, BASE_LR {_fmt(schedule.base_lr)}, MAX_ITER {schedule.max_iter}, "
-             f"{warmup}", *(f"  note: {note}" for note in notes), "", "phases"]
+             f"{warmup}", f"  parameters: {_parameter_rules(schedule)} (hvd_sched.keras.build_optimizer)",
+             *(f"  note: {note}" for note in notes), "", "phases"]
     header = ["phase", "start", "end", "lr at start", "lr at end-1"] + (["start epoch"] if spe else [])
     rows = [[name, start, "-" if end is None else end, _fmt(first), "-" if last is None else _fmt(last)]
             + ([f"{start / spe:g}"] if spe else []) for name, start, end, first, last in phases(schedule)]
     lines += _table(header, rows)
     stop = max(schedule.max_iter, schedule.hold_iter) + 1
-    corrections = schedule.momentum_corrections(stop)
-    lines += ["", f"momentum corrections: {len(corrections)}, {_correction_rule(schedule)}"]
+    corrections = schedule.momentum_corrections(stop, limit=MAX_CORRECTIONS + 1)
+    lines += ["", f"momentum corrections: {_count(corrections)}, {_correction_rule(schedule)}"]
+    corrections = corrections[:MAX_CORRECTIONS]
     if corrections:
         rows = [[it, _fmt(schedule.lr_at(it - 1)), _fmt(schedule.lr_at(it)), _fmt(factor)]
                 for it, factor in corrections]
@@ -229,9 +296,10 @@ def _plot(args):
 def _check(args):
     schedule, notes = _load(args, provisional_steps=True)
     steps = f", steps at {schedule.steps[1:]}" if schedule.lr_policy in _STEP_POLICIES else ""
-    warmup = (f"{schedule.warm_up_method} warmup {schedule.warm_up_iters} its" if schedule.warm_up_iters
-              else "no warmup")
-    corrections = len(schedule.momentum_corrections(max(schedule.max_iter, schedule.hold_iter) + 1))
+    warmup = _dialect_warmup(schedule) or (f"{schedule.warm_up_method} warmup {schedule.warm_up_iters} its"
+                                           if schedule.warm_up_iters else "no warmup")
+    corrections = _count(schedule.momentum_corrections(max(schedule.max_iter, schedule.hold_iter) + 1,
+                                                       limit=MAX_CORRECTIONS + 1))
     extra = f" ({'; '.join(notes)})" if notes else ""
     print(f"OK {args.config}: {schedule.lr_policy}, BASE_LR {_fmt(schedule.base_lr)}, {warmup}{steps}, "
           f"MAX_ITER {schedule.max_iter}, {corrections} momentum corrections{extra}")
@@ -245,6 +313,8 @@ def _parser():
     common.add_argument("config", metavar="CONFIG", help="Detectron-style YAML file (its SOLVER section)")
     common.add_argument("--world-size", type=int, metavar="N", help="workers, for REFERENCE_WORLD_SIZE scaling")
     common.add_argument("--steps-per-epoch", type=int, metavar="S", help="iterations per epoch, for *_EPOCHS")
+    common.add_argument("--dialect", choices=dialects.DIALECTS, default="detectron",
+                        help="whose SOLVER keys and semantics the config has (default: detectron)")
     commands.add_parser("show", parents=[common], help="table of phases, LRs and momentum corrections")
     plot = commands.add_parser("plot", parents=[common], help="PNG of the LR over iterations")
     plot.add_argument("-o", "--output", required=True, metavar="PNG", help="the PNG file to write")

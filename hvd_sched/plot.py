@@ -29,6 +29,8 @@ METADATA_KEYS = ("hvd_sched:corrections", "hvd_sched:warmup", "hvd_sched:schedul
 
 _MAX_POINTS = 4096  # a smooth curve at any size; every boundary and correction is added exactly
 _MAX_ANNOTATED = 12  # past this many corrections the factors are not written next to the marks
+_MAX_MARKS = 10000  # at most this many corrections are marked (an every-change rule can make millions)
+_MAX_EDGES = 10000  # at most this many phase boundaries are drawn exactly (``step`` with a tiny STEP_SIZE)
 
 
 def plot_end(schedule):
@@ -44,7 +46,7 @@ def plot_end(schedule):
 
 
 def correction_marks(schedule, stop=None):
-    """The ``(iteration, factor)`` pairs the plot marks: ``schedule.momentum_corrections(stop)``.
+    """The ``(iteration, factor)`` pairs the plot marks: ``schedule.momentum_corrections(stop)`` (the first 10000).
 
     Args:
         schedule: an ``hvd_sched.Schedule``.
@@ -53,7 +55,7 @@ def correction_marks(schedule, stop=None):
     Returns:
         A list of ``(iteration, factor)``, exactly what ``plot_schedule`` marks and writes into the PNG.
     """
-    return schedule.momentum_corrections(plot_end(schedule) + 1 if stop is None else stop)
+    return schedule.momentum_corrections(plot_end(schedule) + 1 if stop is None else stop, limit=_MAX_MARKS)
 
 
 def lr_curve(schedule, stop=None, max_points=_MAX_POINTS):
@@ -75,7 +77,8 @@ def lr_curve(schedule, stop=None, max_points=_MAX_POINTS):
     if stop < 1:
         raise ValueError(f"stop must be >= 1, got {stop}")
     points = [np.linspace(0, stop - 1, min(stop, max_points)).astype(np.int64)]
-    edges = np.array(schedule.boundaries() + [it for it, _ in correction_marks(schedule, stop)], dtype=np.int64)
+    boundaries = [piece.start for piece in schedule.pieces()] + schedule.boundaries()[:_MAX_EDGES]
+    edges = np.array(boundaries + [it for it, _ in correction_marks(schedule, stop)], dtype=np.int64)
     points += [edges, edges - 1]
     iterations = np.unique(np.concatenate(points))
     iterations = iterations[(iterations >= 0) & (iterations < stop)]

@@ -387,6 +387,11 @@ class Schedule:
         return max(self._policy.last_change(), self._warmup.end())
 
     @property
+    def warmup_end(self):
+        """The first iteration the warmup no longer changes (WARM_UP_ITERS; Large-Scale-VRD: after its ramp)."""
+        return self._warmup.end()
+
+    @property
     def correction_mode(self):
         """``'off'`` if not SCALE_MOMENTUM, else SCALE_MOMENTUM_MODE (``'threshold'`` or ``'every_change'``)."""
         return self._scale_momentum_mode if self._scale_momentum else "off"
