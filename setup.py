@@ -33,7 +33,8 @@ setup(
         # The Keras glue; Horovod itself comes from scripts/install.sh (built against this TensorFlow).
         # Row tf2.20 also needs TF_USE_LEGACY_KERAS=1 in the environment (tf.keras is Keras 3 otherwise).
         "keras": [f"tensorflow-cpu=={TENSORFLOW_VERSION}; {_PY311}",
-                  f"tensorflow-cpu=={TENSORFLOW_VERSION_TF2_20}; {_PY312}", f"tf-keras=={TF_KERAS_VERSION_TF2_20}; {_PY312}"],
+                  f"tensorflow-cpu=={TENSORFLOW_VERSION_TF2_20}; {_PY312}",
+                  f"tf-keras=={TF_KERAS_VERSION_TF2_20}; {_PY312}"],
         "plot": ["matplotlib>=3.7"],
         "test": ["pytest>=7", "hypothesis>=6", "scikit-learn>=1.3", "matplotlib>=3.7", "pytest-timeout>=2"],
     },

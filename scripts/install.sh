@@ -42,7 +42,8 @@ else
       py_base="$cand"; break
     fi
   done
-  [ -n "$py_base" ] || die "Python $PYTHON_VERSION is required for stack $STACK (TensorFlow $TENSORFLOW_VERSION, Horovod $HOROVOD_VERSION) and none was found (python$PYTHON_VERSION, pyenv, python3)"
+  [ -n "$py_base" ] || die "Python $PYTHON_VERSION is required for stack $STACK (TensorFlow $TENSORFLOW_VERSION," \
+    "Horovod $HOROVOD_VERSION) and none was found (python$PYTHON_VERSION, pyenv, python3)"
   if [ ! -x "$venv/bin/python" ]; then
     step "creating virtual environment $venv"
     "$py_base" -m venv "$venv" || die "could not create $venv (is the python3-venv package installed?)"
@@ -89,7 +90,11 @@ fi
 # has no Keras 3 support).
 if [ -n "$TF_KERAS_VERSION" ]; then
   "$py" -c "import importlib.metadata as m, sys; sys.exit(m.version('tf-keras') != '$TF_KERAS_VERSION')" 2>/dev/null \
-    || { step "installing tf-keras $TF_KERAS_VERSION"; pip install -q "tf-keras==$TF_KERAS_VERSION" || die "pip install tf-keras==$TF_KERAS_VERSION failed"; }
+    || { step "installing tf-keras $TF_KERAS_VERSION"
+         # --no-deps on CPU: tf-keras requires the `tensorflow` distribution, and pip would install that full
+         # wheel over tensorflow-cpu's files (same package directory); its one dependency is TensorFlow itself.
+         nodeps=(--no-deps); [ "$gpu" = 1 ] && nodeps=()
+         pip install -q "${nodeps[@]}" "tf-keras==$TF_KERAS_VERSION" || die "pip install tf-keras==$TF_KERAS_VERSION failed"; }
 fi
 [ "$LEGACY_KERAS" = 1 ] && export TF_USE_LEGACY_KERAS=1
 

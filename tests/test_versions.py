@@ -1,11 +1,17 @@
-"""One source of truth for the pinned stack: scripts/versions.env, setup.py, docker/ and the installed packages agree.
+"""One source of truth for the pinned stacks: scripts/versions.env, setup.py, docker/ and the installed packages agree.
 
-Nothing here builds an image (no Docker daemon on the development machines); it reads the files.
+Every row of the support matrix (STACKS in versions.env) is checked; the default row's pins are the unprefixed
+names, another row's are STACK_<row>_<NAME> there, <NAME>_<ROW> in setup.py and ARG <NAME>_<row> in the
+Dockerfiles (row `tf2.20` -> `tf2_20`). Nothing here builds an image (no Docker daemon on the development
+machines); it reads the files.
 """
 
 import importlib.metadata
+import os
 import pathlib
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -41,6 +47,36 @@ def _run_lines(path):
 
 
 ENV = _versions_env()
+STACKS = ENV["STACKS"].split()
+DEFAULT = STACKS[0]
+ROW_VARS = ("PYTHON_VERSION", "TENSORFLOW_CPU_VERSION", "TENSORFLOW_VERSION", "TF_KERAS_VERSION", "HOROVOD_VERSION",
+            "NUMPY_SPEC", "HOROVOD_NO_XLA", "LEGACY_KERAS", "CUDA_VERSION", "CUDNN_VERSION", "CUDA_IMAGE")
+
+
+def _suffix(stack):
+    return stack.replace(".", "_").replace("-", "_")
+
+
+def _row(stack):
+    """The pins of one row: the default's, overridden by STACK_<row>_<NAME>."""
+    if stack == DEFAULT:
+        return {var: ENV[var] for var in ROW_VARS}
+    return {var: ENV.get(f"STACK_{_suffix(stack)}_{var}", ENV[var]) for var in ROW_VARS}
+
+
+def _row_name(name, stack, upper=False):
+    """How a pin is spelled for a row outside versions.env: NAME for the default, NAME_<row> otherwise."""
+    if stack == DEFAULT:
+        return name
+    return f"{name}_{_suffix(stack).upper() if upper else _suffix(stack)}"
+
+
+def _running_stack():
+    """The row this interpreter belongs to: HVD_SCHED_STACK (the Makefile exports it), else by Python version."""
+    if os.environ.get("HVD_SCHED_STACK") in STACKS:
+        return os.environ["HVD_SCHED_STACK"]
+    python = "%d.%d" % sys.version_info[:2]
+    return next((stack for stack in STACKS if _row(stack)["PYTHON_VERSION"] == python), DEFAULT)
 
 
 def test_versions_env_pins_the_stack():
@@ -52,8 +88,90 @@ def test_versions_env_pins_the_stack():
 def test_setup_py_constants_equal_versions_env():
     assert _setup_constant("TENSORFLOW_VERSION") == ENV["TENSORFLOW_VERSION"]
     assert _setup_constant("HOROVOD_VERSION") == ENV["HOROVOD_VERSION"]
-    major, minor = ENV["PYTHON_VERSION"].split(".")
-    assert f'python_requires=">={major}.{minor},<{major}.{int(minor) + 1}"' in (ROOT / "setup.py").read_text()
+    # python_requires spans exactly the rows' Pythons: from the default row's to the newest row's.
+    pythons = sorted({tuple(map(int, _row(stack)["PYTHON_VERSION"].split("."))) for stack in STACKS})
+    (low_major, low_minor), (high_major, high_minor) = pythons[0], pythons[-1]
+    assert f"{low_major}.{low_minor}" == ENV["PYTHON_VERSION"]
+    expected = f'python_requires=">={low_major}.{low_minor},<{high_major}.{high_minor + 1}"'
+    assert expected in (ROOT / "setup.py").read_text()
+
+
+def test_stacks_rows_are_complete_and_the_default_is_first():
+    assert DEFAULT == "tf2.15" and len(STACKS) == len(set(STACKS)) >= 2
+    for stack in STACKS:
+        row = _row(stack)
+        assert row["TENSORFLOW_CPU_VERSION"] == row["TENSORFLOW_VERSION"], stack
+        major_minor = tuple(int(part) for part in row["TENSORFLOW_VERSION"].split(".")[:2])
+        # TensorFlow >= 2.16: Keras 2 only as tf-keras of the same minor version, with TF_USE_LEGACY_KERAS=1.
+        if major_minor >= (2, 16):
+            assert row["TF_KERAS_VERSION"].split(".")[:2] == row["TENSORFLOW_VERSION"].split(".")[:2], stack
+            assert row["LEGACY_KERAS"] == "1", stack
+        else:
+            assert row["TF_KERAS_VERSION"] == "" and row["LEGACY_KERAS"] == "0", stack
+        assert row["HOROVOD_NO_XLA"] in ("0", "1"), stack
+        if stack != DEFAULT:
+            assert any(f"STACK_{_suffix(stack)}_" in key for key in ENV), f"row {stack} has no pins of its own"
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_stack_sh_resolves_rows_as_this_test_does(stack):
+    printed = subprocess.run(["bash", str(ROOT / "scripts" / "stack.sh"), stack], capture_output=True, text=True,
+                             check=True).stdout
+    assert dict(line.split("=", 1) for line in printed.splitlines()) == _row(stack)
+    venv = subprocess.run(["bash", str(ROOT / "scripts" / "stack.sh"), stack, "--venv"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    assert venv == (".venv" if stack == DEFAULT else f".venv-{stack}")
+
+
+@pytest.mark.parametrize("stack", [stack for stack in STACKS if stack != DEFAULT])
+def test_setup_py_pins_every_newer_row(stack):
+    row = _row(stack)
+    assert _setup_constant(_row_name("TENSORFLOW_VERSION", stack, upper=True)) == row["TENSORFLOW_VERSION"]
+    assert _setup_constant(_row_name("TF_KERAS_VERSION", stack, upper=True)) == row["TF_KERAS_VERSION"]
+    assert f"python_version >= '{row['PYTHON_VERSION']}'" in (ROOT / "setup.py").read_text()
+
+
+def test_setup_py_keeps_numpy_below_2_for_the_default_row():
+    text = (ROOT / "setup.py").read_text()
+    assert '_PY311 = "python_version < \'3.12\'"' in text and 'f"numpy<2; {_PY311}"' in text
+
+
+@pytest.mark.parametrize("kind", sorted(DOCKERFILES))
+@pytest.mark.parametrize("stack", STACKS)
+def test_dockerfile_rows_equal_versions_env(kind, stack):
+    args = _dockerfile_args(DOCKERFILES[kind])
+    text = DOCKERFILES[kind].read_text()
+    assert args["STACK"] == DEFAULT
+    assert re.search(rf"^FROM \S+ AS stack-{re.escape(stack)}$", text, re.MULTILINE), f"no stage for {stack}"
+    for name in PINNED:
+        arg = _row_name(name, stack)
+        assert args.get(arg) == _row(stack)[name], f"{DOCKERFILES[kind].name}: ARG {arg}={args.get(arg)}, " \
+                                                 f"versions.env {stack} {name}={_row(stack)[name]}"
+    assert "FROM stack-${STACK}" in text
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_gpu_base_image_is_the_rows_cuda_and_cudnn(stack):
+    row = _row(stack)
+    image = _dockerfile_args(DOCKERFILES["gpu"])[_row_name("CUDA_IMAGE", stack)]
+    assert image == row["CUDA_IMAGE"]
+    # nvidia/cuda tags: cudnn8 images name the major version; cuDNN 9 images are tagged plain `cudnn`.
+    cudnn_tag = "cudnn8" if row["CUDNN_VERSION"].startswith("8.") else "cudnn"
+    assert re.fullmatch(rf"nvidia/cuda:{re.escape(row['CUDA_VERSION'])}\.\d+-{cudnn_tag}-devel-ubuntu\d\d\.04", image)
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_cpu_base_image_is_the_rows_python(stack):
+    image = _dockerfile_args(DOCKERFILES["cpu"])[_row_name("PYTHON_IMAGE", stack)]
+    assert re.fullmatch(rf"python:{re.escape(_row(stack)['PYTHON_VERSION'])}-slim(-\w+)?", image), image
+
+
+@pytest.mark.parametrize("kind", sorted(DOCKERFILES))
+def test_dockerfiles_set_legacy_keras_only_on_newer_rows(kind):
+    stages = re.split(r"^FROM ", DOCKERFILES[kind].read_text(), flags=re.MULTILINE)
+    for stack in STACKS:
+        stage = next(part for part in stages if re.match(rf"\S+ AS stack-{re.escape(stack)}\n", part))
+        assert ("TF_USE_LEGACY_KERAS=1" in stage) == (_row(stack)["LEGACY_KERAS"] == "1"), (kind, stack)
 
 
 @pytest.mark.parametrize("kind", sorted(DOCKERFILES))
@@ -70,6 +188,7 @@ def test_dockerfiles_install_with_the_one_install_script(kind):
     installs = [line for line in lines if line.startswith("RUN") and "scripts/install.sh" in line]
     assert len(installs) == 1, f"{DOCKERFILES[kind].name} must run scripts/install.sh exactly once"
     assert "HVD_SCHED_SYSTEM=1" in installs[0]
+    assert 'HVD_SCHED_STACK="${STACK}"' in installs[0]
     assert ("HVD_SCHED_GPU=1" in installs[0]) == (kind == "gpu")
     # No second source of versions: pip never installs TensorFlow or Horovod outside install.sh.
     assert not [line for line in lines if re.search(r"pip\d?\s+install.*(tensorflow|horovod)", line)]
@@ -99,10 +218,15 @@ def test_dockerfiles_run_horovodrun_from_the_repository(kind):
     assert 'CMD ["horovodrun", "--check-build"]' in text
 
 
-@pytest.mark.parametrize("dist, key", [("tensorflow-cpu", "TENSORFLOW_CPU_VERSION"), ("horovod", "HOROVOD_VERSION")])
+@pytest.mark.parametrize("dist, key", [("tensorflow-cpu", "TENSORFLOW_CPU_VERSION"), ("horovod", "HOROVOD_VERSION"),
+                                       ("tf-keras", "TF_KERAS_VERSION")])
 def test_installed_packages_match_the_pins(dist, key):
+    row = _row(_running_stack())
     try:
         installed = importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
+        if dist == "tf-keras" and not row[key]:
+            return  # Keras 2 is built into this row's TensorFlow
         pytest.skip(f"{dist} is not installed here (e.g. a GPU image has tensorflow instead)")
-    assert installed == ENV[key]
+    assert installed == row[key], f"stack {_running_stack()}"
+    assert "%d.%d" % sys.version_info[:2] == row["PYTHON_VERSION"]
