@@ -8,7 +8,7 @@ correction rule on the LRs of this iteration and the one before. The graph holds
 
 import tensorflow as tf
 
-from ..momentum import MODES, graph_correction_factor
+from ..momentum import DIALECT_MODES, MODES, graph_correction_factor
 from ..schedules import Schedule
 
 __all__ = ["as_schedule", "graph_lr", "graph_factor", "has_corrections"]
@@ -46,8 +46,8 @@ def graph_factor(schedule, step, mode, threshold):
 
 def has_corrections(schedule, mode, threshold):
     """True when the rule fires at least once (found from the schedule's pieces, without a walk)."""
-    if mode not in MODES:
-        raise ValueError(f"momentum_correction must be one of {MODES}, got {mode!r}")
+    if mode not in MODES + DIALECT_MODES:
+        raise ValueError(f"momentum_correction must be one of {MODES + DIALECT_MODES}, got {mode!r}")
     if mode == "off":
         return False
     return bool(schedule.momentum_corrections(schedule.hold_iter + 1, mode=mode, threshold=threshold, limit=1))

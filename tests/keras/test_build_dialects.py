@@ -70,3 +70,18 @@ def test_a_schedule_of_a_dialect_carries_its_rules():
     optimizer = build_optimizer(schedule, model)
     bias = next(v for v in model.trainable_variables if v.name.startswith("fc/bias"))
     assert optimizer.weight_decay_for(bias) == 1e-4 and optimizer.lr_multiplier_for(bias) == 1.0
+
+
+@pytest.mark.parametrize("dialect", ["large_scale_vrd", "video_nonlocal"])
+def test_a_dialects_correction_rule_runs_in_the_optimizer(dialect):
+    """SCALE_MOMENTUM on: the dialect's rule (any_change / relative_change) drives the in-graph factor."""
+    model = _model()
+    solver = {**SOLVERS[dialect], "SCALE_MOMENTUM": True}
+    optimizer = build_optimizer(solver, model, dialect=dialect)
+    assert optimizer.momentum_correction_mode == {"large_scale_vrd": "any_change",
+                                                  "video_nonlocal": "relative_change"}[dialect]
+    model.compile(optimizer, "mse")
+    x, y = np.ones((4, 6, 6, 2), np.float32), np.zeros((4, 3), np.float32)
+    model.fit(x, y, batch_size=2, epochs=30, verbose=0, shuffle=False)  # 60 steps: through the step at iteration 50
+    assert int(optimizer.iterations) == 60
+    assert all(np.all(np.isfinite(v.numpy())) for v in model.trainable_variables)
