@@ -13,7 +13,8 @@
 - `StopOnNonFinite`, `RankConsistencyCheck`: a NaN loss or disagreeing ranks stop the job with a clear message.
 
 Example:
-    >>> import tensorflow as tf, horovod.tensorflow.keras as hvd, hvd_sched
+    >>> import hvd_sched, hvd_sched.keras  # first: on the tf2.20 row it resolves keras to tf_keras
+    >>> import tensorflow as tf, horovod.tensorflow.keras as hvd
     >>> from hvd_sched.keras import ScheduledOptimizer, horovod_callbacks
     >>> hvd.init()
     >>> schedule = hvd_sched.from_detectron("examples/configs/digits_warmup_steps.yaml")
