@@ -453,7 +453,19 @@ def _quiet(a, b, iteration, lr64, mode, threshold):
 # Each warmup is joined onto a policy: it changes the LR on its own iterations and leaves the rest alone.
 
 
-class DetectronWarmup:
+class _WarmupUntil:
+    """A warmup over ``[0, iters)``: where it ends and the phase start it adds."""
+
+    iters = 0
+
+    def end(self):
+        return self.iters
+
+    def starts(self):
+        return [self.iters]
+
+
+class DetectronWarmup(_WarmupUntil):
     """Detectron's ``get_lr_at_iter``: the policy LR times ``WARM_UP_FACTOR`` (constant) or ``WARM_UP_FACTOR *
     (1 - alpha) + alpha``, ``alpha = it / WARM_UP_ITERS`` (linear), while ``it < WARM_UP_ITERS``."""
 
@@ -463,12 +475,6 @@ class DetectronWarmup:
         self.method, self.iters, self.factor = (schedule._warm_up_method, schedule._warm_up_iters,
                                                 schedule._warm_up_factor)
         self.held_from = policy.held_from()
-
-    def end(self):
-        return self.iters
-
-    def starts(self):
-        return [self.iters]
 
     def lr64(self, its, policy_lr64):
         warming = np.flatnonzero(its < self.iters)
@@ -556,7 +562,7 @@ class VrdWarmup:
         return _replace(pieces, self.ramp_from, self.ramp_stop, "smooth")
 
 
-class VnlWarmup:
+class VnlWarmup(_WarmupUntil):
     """video-nonlocal-net's ``get_lr_at_iter``: while ``it < WARMUP_END_ITER`` the LR is replaced by
     ``it * (lr_end - lr_start) / (WARMUP_END_ITER - 1) + lr_start`` with ``lr_start = float32(WARMUP_START_LR)``,
     ``lr_end = float32(policy LR at WARMUP_END_ITER)``, the difference in float32 and the rest in float64 (NumPy
@@ -570,12 +576,6 @@ class VnlWarmup:
             self.start32 = np.float32(schedule._warm_up_lr)
             end32 = np.float32(policy.lr(np.array([self.iters], dtype=np.int64))[0])
             self.diff = float(np.float32(end32 - self.start32))
-
-    def end(self):
-        return self.iters
-
-    def starts(self):
-        return [self.iters]
 
     def lr64(self, its, policy_lr64):
         warming = np.flatnonzero(its < self.iters)
