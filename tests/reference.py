@@ -85,6 +85,13 @@ def mlp_grads(params, x, y):
     return [g_w1, g_b1, g_w2, g_b2]
 
 
+def _momentum_sgd(param, v_old, grad, lr, momentum, nesterov):
+    """Caffe2's MomentumSGDUpdate for one parameter: V = mu*V + lr*g; w -= V (Nesterov: (1+mu)*V - mu*V_old)."""
+    v_new = momentum * v_old + lr * grad
+    step = (1 + momentum) * v_new - momentum * v_old if nesterov else v_new
+    return param - step, v_new
+
+
 def train_detectron_sgd(params, batches, lrs, corrections, momentum, nesterov=False, multipliers=None):
     """Run Detectron's MomentumSGD over `batches` ((x, y) per iteration) from `params`.
 
@@ -109,11 +116,7 @@ def train_detectron_sgd(params, batches, lrs, corrections, momentum, nesterov=Fa
         grads = mlp_grads(params, x.astype(np.float64), y.astype(np.float64))
         for i, (p, g) in enumerate(zip(params, grads)):
             lr = float(np.float32(lrs[it]) * np.float32(multipliers[i]))
-            v_old = velocity[i]
-            v_new = momentum * v_old + lr * g
-            step = (1 + momentum) * v_new - momentum * v_old if nesterov else v_new
-            params[i] = p - step
-            velocity[i] = v_new
+            params[i], velocity[i] = _momentum_sgd(p, velocity[i], g, lr, momentum, nesterov)
     return params
 
 
@@ -175,11 +178,7 @@ def train_caffe2_sgd(params, batches, lrs, corrections, momentum, grad_fn, group
                                    bias_weight_decay)
         lr = float(np.float32(lrs[it]))
         for i, (p, g) in enumerate(zip(params, grads)):
-            v_old = velocity[i]
-            v_new = momentum * v_old + lr * g
-            step = (1 + momentum) * v_new - momentum * v_old if nesterov else v_new
-            params[i] = p - step
-            velocity[i] = v_new
+            params[i], velocity[i] = _momentum_sgd(p, velocity[i], g, lr, momentum, nesterov)
     return params
 
 
