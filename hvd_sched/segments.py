@@ -83,9 +83,14 @@ def _tf_frac(it, max_iter, tf):
 
 
 def _tf_index(it, points, tf):
-    """``bisect_right(points, it)``: how many of the sorted int ``points`` are <= ``it``."""
+    """``bisect_right(points, it)``: how many of the sorted int ``points`` are <= ``it``.
+
+    A count of ``points <= it`` (three small ops on the scalar step: compare, cast, sum) rather than
+    ``tf.searchsorted``, whose reshapes and slices around the search cost more per step than the search itself
+    for the few STEPS a schedule has (the counts are equal for any int list).
+    """
     table = tf.constant(np.asarray(points, dtype=np.int64))
-    return tf.searchsorted(table, tf.reshape(it, [1]), side="right")[0]
+    return tf.reduce_sum(tf.cast(table <= it, tf.int64))
 
 
 def _tf_gather(values, index, tf):
@@ -145,7 +150,9 @@ class _StepList(_Policy):
         return np.asarray(self.values(), dtype=np.float64)[policies.step_index(its, self.s._steps)]
 
     def graph_lr(self, it, tf):
-        return _tf_gather(self.values(), _tf_index(it, self.s._steps, tf) - 1, tf)
+        # STEPS[0] == 0, so the count is >= 1: a leading copy of the first value saves the ``- 1``.
+        values = np.asarray(self.values(), dtype=np.float64)
+        return _tf_gather(np.concatenate([values[:1], values]), _tf_index(it, self.s._steps, tf), tf)
 
     def pieces(self):
         steps = self.s._steps

@@ -34,6 +34,7 @@ class ScheduleLR(tf.keras.optimizers.schedules.LearningRateSchedule):
 
     def __call__(self, step):
         with tf.name_scope("hvd_sched_lr"):
+            step = tf.convert_to_tensor(step)  # `optimizer.iterations`: one read, not one per use
             lr = graph_lr(self.schedule, step)
             return lr if self.scale is None else lr * self.scale
 

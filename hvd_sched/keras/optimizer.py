@@ -30,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from . import _slots
-from ._tables import as_schedule, graph_factor, has_corrections
+from ._tables import as_schedule, correction_table, graph_factor
 from .lr_schedule import ScheduleLR
 
 __all__ = ["ScheduledOptimizer", "is_scheduled", "scheduled_class", "custom_objects", "load_model"]
@@ -90,7 +90,9 @@ class _Options:
         threshold = (self.schedule.scale_momentum_threshold if correction_threshold is None
                      else float(correction_threshold))
         self.threshold = threshold
-        self.has_corrections = has_corrections(self.schedule, self.mode, threshold)
+        # The corrections as a lookup table (None: too many, the rule runs in-graph instead).
+        self.table = correction_table(self.schedule, self.mode, threshold)
+        self.has_corrections = self.table is None or bool(self.table[0].size)
         self.checked_multipliers = False
 
     def config(self):
@@ -230,7 +232,7 @@ class _ScheduledBase:
         """This step's slot factor from the rule on this and the previous iteration's LR (1.0 on most steps)."""
         options = self._hvd_sched
         with tf.name_scope("hvd_sched_momentum_correction"):
-            return graph_factor(options.schedule, self.iterations, options.mode, options.threshold)
+            return graph_factor(options.schedule, self.iterations, options.mode, options.threshold, options.table)
 
     def _hvd_sched_rescale(self, variables):
         """Multiply the momentum slots by this step's factor, behind a tf.cond that is false on most steps."""
