@@ -391,7 +391,10 @@ def scheduled_class(base):
     legacy = issubclass(base, tf.keras.optimizers.legacy.Optimizer)
     if not legacy and not issubclass(base, tf.keras.optimizers.Optimizer):
         raise TypeError(f"ScheduledOptimizer wraps a tf.keras optimizer, got class {base.__name__}")
-    name = "Scheduled" + ("Legacy" if legacy and base.__module__.startswith("keras.") else "") + base.__name__
+    # Keras' own legacy classes share their plain names with the TF 2.11+ ones (SGD, Adam): "ScheduledLegacySGD"
+    # keeps the two apart in the registry (`keras.` on TF 2.15, `tf_keras.` where tf.keras is the tf-keras package).
+    keras_own = base.__module__.startswith(("keras.", "tf_keras."))
+    name = "Scheduled" + ("Legacy" if legacy and keras_own else "") + base.__name__
     cls = type(name, (_ScheduledLegacy if legacy else _ScheduledNew, base), {
         "__module__": __name__,
         "__doc__": f"{base.__name__} following an hvd_sched schedule; see hvd_sched.keras.ScheduledOptimizer.",
