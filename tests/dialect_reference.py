@@ -278,7 +278,8 @@ def detectron_walk(cfg, stop=None):
             ratio = np.max((new / np.max((cur, 1e-10)), cur / np.max((new, 1e-10))))
             if ratio > cfg["LOG_LR_CHANGE_THRESHOLD"]:
                 logged.append(it)
-            if cfg["SCALE_MOMENTUM"] and cur > 1e-7 and ratio > cfg["SCALE_MOMENTUM_THRESHOLD"]:
+            # float(cur): NumPy 1.x (Detectron's) compares the float32 blob with 1e-7 in float64.
+            if cfg["SCALE_MOMENTUM"] and float(cur) > 1e-7 and ratio > cfg["SCALE_MOMENTUM_THRESHOLD"]:
                 corrections.append((it, np.float32(new / cur)))
             cur = new
     return corrections, logged

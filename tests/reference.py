@@ -64,7 +64,7 @@ def detectron_corrections(n_iters, solver, threshold=1.1, every_change=False):
         new = detectron_lr(it, solver)
         if cur != new:
             ratio = max(float(new) / max(float(cur), 1e-10), float(cur) / max(float(new), 1e-10))
-            if cur > 1e-7 and (every_change or ratio > threshold):
+            if float(cur) > 1e-7 and (every_change or ratio > threshold):  # float64, as NumPy 1.x
                 out[it] = np.float32(new / cur)
         cur = new
     return out

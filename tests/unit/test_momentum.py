@@ -3,7 +3,8 @@
 ``detectron_walk`` is written from ``detectron/utils/train.py`` (``for cur_iter in range(start_iter, MAX_ITER)``)
 and ``detectron/modeling/detector.py`` (``UpdateWorkspaceLr``, ``_SetNewLr``, ``_get_lr_change_ratio``): the LR
 blob is float32 and starts at 0.0, the ratio is NumPy's promotion of those float32 scalars, the guard is
-``cur_lr > 1e-7`` on an ``np.float32`` scalar. ``every_change`` follows the seed's ``add_variable_stepsize_lr``
+``cur_lr > 1e-7`` on an ``np.float32`` scalar, which Detectron's NumPy 1.x compares in float64 (NumPy 2, NEP 50,
+compares a float32 scalar with a Python float in float32, so the promotion is written out here: ``float(cur_lr)``). ``every_change`` follows the seed's ``add_variable_stepsize_lr``
 (rescale on every change) with hvd_sched's float32 factor and the same guard.
 """
 
@@ -28,10 +29,10 @@ def detectron_factor(cur_lr, new_lr, mode, threshold):
         return None
     if mode == "threshold":
         ratio = _get_lr_change_ratio(cur_lr, new_lr)
-        if cur_lr > 1e-7 and ratio > threshold:
+        if float(cur_lr) > 1e-7 and ratio > threshold:
             return new_lr / cur_lr
         return None
-    return new_lr / cur_lr if cur_lr > 1e-7 else None
+    return new_lr / cur_lr if float(cur_lr) > 1e-7 else None
 
 
 def detectron_walk(schedule, stop, start=0, blob_restarts_at_zero=False):
@@ -129,7 +130,8 @@ def test_ratio_exactly_at_the_threshold_does_not_correct():
 def test_guard_compares_in_float64_like_detectrons_scalar():
     at_guard = float(np.float32(1e-7))  # 1.0000000116860974e-07: > 1e-7 in float64, == float32(1e-7)
     below = float(np.nextafter(np.float32(1e-7), np.float32(0)))
-    assert np.float32(at_guard) > 1e-7 and not np.float32(below) > 1e-7
+    # NumPy 1.x (Detectron's) compares np.float32(at_guard) > 1e-7 in float64; written out for NumPy 2 (NEP 50).
+    assert np.float64(np.float32(at_guard)) > 1e-7 and not np.float64(np.float32(below)) > 1e-7
     for cur, corrects in ((at_guard, True), (below, False)):
         schedule = Schedule(lr_policy="steps_with_lrs", steps=[0, 10], lrs=[cur, 1e-5], max_iter=20, warm_up_iters=0)
         assert bool(schedule.momentum_corrections(20)) is corrects
