@@ -9,10 +9,13 @@ the correction rule over every iteration, written here, not `momentum_correction
 import numpy as np
 import pytest
 import tensorflow as tf
+from hypothesis import HealthCheck, given, settings
 
+import hvd_sched
+from detectron_scalar import reference_walk, valid_solvers, walk_stop
 from hvd_sched import Schedule, momentum
 from hvd_sched.keras import ScheduleLR, ScheduledOptimizer
-from hvd_sched.keras._tables import graph_factor
+from hvd_sched.keras._tables import _MAX_COMPARED, _lookup_factor, correction_table, graph_factor
 
 CONFIGS = {
     "step": dict(lr_policy="step", base_lr=0.1, gamma=0.5, step_size=37000, max_iter=10**6, warm_up_iters=100),
@@ -40,22 +43,24 @@ CONFIGS = {
 }
 
 
-def _graph_values(schedule, start, count, mode, threshold):
-    """(lr, factor) of iterations start..start+count-1, one scalar step at a time, inside one tf.function."""
+def _graph_values(schedule, start, count, mode, threshold, *factor_fns):
+    """(lr, factor, ...) of iterations start..start+count-1, one scalar step at a time, inside one tf.function;
+    the factor from the rule in-graph, or one array per `factor_fns` (e.g. a lookup in the corrections), all
+    in the same loop."""
+    factor_fns = factor_fns or (lambda it: graph_factor(schedule, it, mode, threshold),)
 
     @tf.function
     def run():
-        def body(k, lrs, factors):
+        def body(k, lrs, *factors):
             it = tf.constant(start, tf.int64) + tf.cast(k, tf.int64)
             return (k + 1, lrs.write(k, ScheduleLR(schedule)(it)),
-                    factors.write(k, graph_factor(schedule, it, mode, threshold)))
+                    *[out.write(k, fn(it)) for out, fn in zip(factors, factor_fns)])
 
-        _, lrs, factors = tf.while_loop(lambda k, *_: k < count, body,
-                                        [0, tf.TensorArray(tf.float32, count), tf.TensorArray(tf.float32, count)])
-        return lrs.stack(), factors.stack()
+        arrays = [tf.TensorArray(tf.float32, count) for _ in range(1 + len(factor_fns))]
+        _, *outs = tf.while_loop(lambda k, *_: k < count, body, [0, *arrays])
+        return [out.stack() for out in outs]
 
-    lrs, factors = run()
-    return lrs.numpy(), factors.numpy()
+    return tuple(out.numpy() for out in run())
 
 
 def _walked_factors(schedule, its, mode, threshold):
@@ -67,13 +72,30 @@ def _walked_factors(schedule, its, mode, threshold):
     return np.where(mask & (its > 0), factors, np.float32(1))
 
 
-def _check(schedule, start, count):
+def _check(schedule, start, count, every_form=True):
+    """The LR and the factor in-graph against numpy; every form of the factor (the rule, and both forms of the
+    correction lookup: a compare on a short table, a binary search on a long one), or (``every_form=False``,
+    the million-iteration runs) the one ScheduledOptimizer builds for this schedule."""
     mode, threshold = schedule.correction_mode, schedule.scale_momentum_threshold
-    lrs, factors = _graph_values(schedule, start, count, mode, threshold)
+    table = correction_table(schedule, mode, threshold)
+
+    def rule(it):
+        return graph_factor(schedule, it, mode, threshold)
+
+    def lookup(max_compared):
+        return lambda it: _lookup_factor(tf.cast(it, tf.int64), *table, max_compared=max_compared)
+
+    if every_form:
+        factor_fns = [rule] + ([] if table is None else [lookup(0), lookup(10**6)])
+    else:
+        factor_fns = [rule if table is None else lookup(_MAX_COMPARED)]
+    lrs, *factor_arrays = _graph_values(schedule, start, count, mode, threshold, *factor_fns)
     its = np.arange(start, start + count, dtype=np.int64)
     np.testing.assert_array_equal(lrs, schedule.lr_at(its))
-    np.testing.assert_array_equal(factors, _walked_factors(schedule, its, mode, threshold))
-    corrected = its[factors != 1]
+    walked = _walked_factors(schedule, its, mode, threshold)
+    for factors in factor_arrays:
+        np.testing.assert_array_equal(factors, walked)
+    corrected = its[factor_arrays[0] != 1]
     assert [it for it, _ in schedule.momentum_corrections(start + count, start)] == corrected.tolist()
 
 
@@ -86,7 +108,7 @@ def test_graph_lr_and_factor_equal_numpy_on_the_first_iterations(name):
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_graph_lr_and_factor_equal_numpy_at_every_iteration_of_a_million(name):
     schedule = Schedule(**CONFIGS[name])
-    _check(schedule, 0, schedule.hold_iter + 2)
+    _check(schedule, 0, schedule.hold_iter + 2, every_form=False)
 
 
 @pytest.mark.parametrize("policy, extra", [
@@ -123,3 +145,27 @@ def test_optimizer_graph_has_no_per_iteration_constant():
 
     small, large = graph_bytes(10**4), graph_bytes(10**9)
     assert large <= small + 64, (small, large)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(valid_solvers(max_iter=2000))
+def test_random_valid_configs_in_graph_equal_the_per_iteration_walk(drawn):
+    """For random valid SOLVERs (every policy, warmup, mode, threshold): the in-graph LR and the factor
+    ScheduledOptimizer applies (its correction lookup) at every iteration equal Detectron's walk
+    (tests/detectron_scalar.py, no hvd_sched code)."""
+    solver, mode, threshold = drawn
+    schedule = hvd_sched.from_detectron(solver)
+    stop = walk_stop(solver)
+    lrs, corrections = reference_walk(solver, stop, mode, threshold)
+    expected = np.ones(stop, dtype=np.float32)
+    for it, factor in corrections:
+        expected[it] = factor
+    table = correction_table(schedule, mode, threshold)
+    assert table is not None  # at most a few thousand corrections
+    # The lookup, and the rule in-graph (what a schedule with more than MAX_CORRECTION_TABLE corrections gets).
+    graph_lrs, looked_up, ruled = _graph_values(schedule, 0, stop, mode, threshold,
+                                                lambda it: _lookup_factor(tf.cast(it, tf.int64), *table),
+                                                lambda it: graph_factor(schedule, it, mode, threshold))
+    np.testing.assert_array_equal(graph_lrs.view(np.uint32), lrs.view(np.uint32))
+    np.testing.assert_array_equal(looked_up, expected)
+    np.testing.assert_array_equal(ruled, expected)

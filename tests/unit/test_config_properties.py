@@ -24,6 +24,7 @@ import pytest
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
+from detectron_scalar import reference_walk, valid_solvers, walk_stop
 from hvd_sched import (
     EPOCH_KEYS,
     POLICIES,
@@ -310,3 +311,29 @@ def test_bad_world_sizes_raise_naming_the_argument(bad):
     for call, name in calls:
         with pytest.raises((ValueError, TypeError), match=name):
             call()
+
+
+# ---------------------------------------------------------------------------- valid configs against the walk
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(valid_solvers(), st.booleans())
+@example(({"LR_POLICY": "cosine_decay", "MAX_ITER": 1000, "BASE_LR": 0.1, "WARM_UP_ITERS": 0,
+           "SCALE_MOMENTUM": True, "SCALE_MOMENTUM_MODE": "threshold", "SCALE_MOMENTUM_THRESHOLD": 1.0001},
+          "threshold", 1.0001), False)
+@example(({"LR_POLICY": "poly", "MAX_ITER": 500, "BASE_LR": 0.02, "POWER": 0.9, "WARM_UP_METHOD": "linear",
+           "WARM_UP_ITERS": 700, "WARM_UP_FACTOR": 0.25, "SCALE_MOMENTUM": True,
+           "SCALE_MOMENTUM_MODE": "every_change", "SCALE_MOMENTUM_THRESHOLD": 1.1}, "every_change", 1.1), True)
+def test_every_valid_config_loads_and_equals_the_per_iteration_walk(drawn, wrapped):
+    """A valid SOLVER must load (a build that rejected every cosine schedule fails here), and its segments give
+    the LR of every iteration and exactly the corrections of Detectron's walk (tests/detectron_scalar.py)."""
+    solver, mode, threshold = drawn
+    schedule = from_detectron({"SOLVER": solver} if wrapped else solver)
+    event(f"{solver['LR_POLICY']}, {mode}")
+    stop = walk_stop(solver)
+    lrs, corrections = reference_walk(solver, stop, mode, threshold)
+    assert np.array_equal(schedule.lr_at(np.arange(stop)).view(np.uint32), lrs.view(np.uint32))
+    assert schedule.correction_mode == mode
+    assert schedule.momentum_corrections(stop) == corrections
+    # From a start inside the run: the rule on the LR of start - 1, not a fresh 0.
+    start = stop // 3
+    assert schedule.momentum_corrections(stop, start) == [c for c in corrections if c[0] >= start]

@@ -1,91 +1,15 @@
 """``Schedule.lr_at`` against golden values: hand-computed tables and a plain-Python Detectron re-derivation.
 
-The re-derivation below is written from Detectron's ``detectron/utils/lr_policy.py`` (``get_lr_at_iter``,
-``lr_func_*``, ``get_step_index``, which appends MAX_ITER to STEPS and walks the list), video-nonlocal-net's
-``lr_func_steps_with_relative_lrs`` and the seed's ``add_variable_stepsize_lr`` (1-based iterations,
-``math.pow``): one Python ``int`` at a time, Python floats, ``np.float32`` at the end. It shares no code with
-hvd_sched. The only deliberate difference from Detectron is hvd_sched's "hold past MAX_ITER" for the policies
-listed in ``HELD``.
+The re-derivation (``tests/detectron_scalar.py``: ``get_lr_at_iter`` one Python ``int`` at a time, Python floats,
+``np.float32`` at the end) shares no code with hvd_sched. The only deliberate difference from Detectron is
+hvd_sched's "hold past MAX_ITER" for the policies listed in ``HELD``.
 """
-
-import math
 
 import numpy as np
 import pytest
 
+from detectron_scalar import DETECTRON_DEFAULTS, HELD, get_step_index, reference_lr, reference_lr64  # noqa: F401
 from hvd_sched import Schedule, policies
-
-HELD = {"step", "cosine_decay", "exp_decay", "poly"}
-DETECTRON_DEFAULTS = {
-    "BASE_LR": 0.001, "LR_POLICY": "step", "GAMMA": 0.1, "STEP_SIZE": 30000, "STEPS": [], "LRS": [],
-    "MAX_ITER": 40000, "WARM_UP_ITERS": 500, "WARM_UP_FACTOR": 1.0 / 3.0, "WARM_UP_METHOD": "linear",
-    "STEP_SIZES": [], "POWER": 1.0,
-}
-
-
-def _get_step_index(cfg, cur_iter):
-    steps = cfg["STEPS"] + [cfg["MAX_ITER"]]
-    for ind, step in enumerate(steps):  # noqa: B007 - Detectron's loop, kept as written
-        if cur_iter < step:
-            break
-    return ind - 1
-
-
-def _policy_lr(cfg, cur_iter):
-    policy = cfg["LR_POLICY"]
-    if policy == "step":
-        return cfg["BASE_LR"] * cfg["GAMMA"] ** (cur_iter // cfg["STEP_SIZE"])
-    if policy == "steps_with_decay":
-        return cfg["BASE_LR"] * cfg["GAMMA"] ** _get_step_index(cfg, cur_iter)
-    if policy == "steps_with_lrs":
-        return cfg["LRS"][_get_step_index(cfg, cur_iter)]
-    if policy == "steps_with_relative_lrs":
-        return cfg["LRS"][_get_step_index(cfg, cur_iter)] * cfg["BASE_LR"]
-    if policy == "cosine_decay":
-        iter_frac = float(cur_iter) / cfg["MAX_ITER"]
-        cos_frac = 0.5 * (np.cos(np.pi * iter_frac) + 1)
-        return cfg["BASE_LR"] * cos_frac
-    if policy == "exp_decay":
-        iter_frac = float(cur_iter) / cfg["MAX_ITER"]
-        exp_frac = np.exp(iter_frac * np.log(cfg["GAMMA"]))
-        return cfg["BASE_LR"] * exp_frac
-    if policy == "poly":
-        return cfg["BASE_LR"] * (1.0 - float(cur_iter) / cfg["MAX_ITER"]) ** cfg["POWER"]
-    # the seed's add_variable_stepsize_lr, 1-based curr_iter
-    curr_iter, lr_iters = cur_iter + 1, []
-    for size in cfg["STEP_SIZES"]:
-        lr_iters.append(size + (lr_iters[-1] if lr_iters else 0))
-    if curr_iter <= lr_iters[0]:
-        gamma_pow = 0
-    else:
-        idx = 0
-        while idx < len(lr_iters) and lr_iters[idx] < curr_iter:
-            idx += 1
-        gamma_pow = idx
-    return cfg["BASE_LR"] * math.pow(cfg["GAMMA"], gamma_pow)
-
-
-def reference_lr(solver, it):
-    """Detectron's ``get_lr_at_iter(it)`` for ``solver`` (upper-case keys over Detectron's defaults)."""
-    return np.float32(reference_lr64(solver, it))
-
-
-def reference_lr64(solver, it):
-    """``get_lr_at_iter`` before its final ``np.float32``: the float64 value, to pin the operation order."""
-    cfg = {**DETECTRON_DEFAULTS, **solver}
-    policy_it = min(it, cfg["MAX_ITER"]) if cfg["LR_POLICY"] in HELD else it
-    lr = _policy_lr(cfg, policy_it)
-    if it < cfg["WARM_UP_ITERS"]:
-        method = cfg["WARM_UP_METHOD"]
-        if method == "constant":
-            warmup_factor = cfg["WARM_UP_FACTOR"]
-        elif method == "linear":
-            alpha = it / cfg["WARM_UP_ITERS"]
-            warmup_factor = cfg["WARM_UP_FACTOR"] * (1 - alpha) + alpha
-        else:
-            raise KeyError(method)
-        lr *= warmup_factor
-    return lr
 
 
 def schedule_of(solver):
@@ -301,7 +225,7 @@ def test_warmup_factor_alone():
 def test_step_index_matches_detectrons_walk_with_steps_past_max_iter():
     cfg = {"STEPS": [0, 60, 100], "MAX_ITER": 90}
     its = np.arange(0, 200)
-    assert policies.step_index(its, cfg["STEPS"]).tolist() == [_get_step_index(cfg, int(it)) for it in its]
+    assert policies.step_index(its, cfg["STEPS"]).tolist() == [get_step_index(cfg, int(it)) for it in its]
 
 
 @pytest.mark.parametrize("method", ["linear", "constant"])
