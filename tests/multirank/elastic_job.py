@@ -1,14 +1,20 @@
-"""An elastic Horovod Keras job for test_elastic.py (run by `horovodrun --min-np 1 --max-np 2 ...`)."""
+"""An elastic Horovod Keras job for test_elastic.py (run by `horovodrun --min-np 1 --max-np 2 ...`).
+
+After iteration HOLD_AT rank 0 waits for Horovod's hosts-updated notification (the test drops a slot when it
+sees that iteration in OUT/progress; the driver notifies the coordinator, rank 0, which passes the change on at
+the next commit, and rank 1 waits for it in the next step): the drop lands at a known point whatever the load.
+"""
 
 import json
 import os
-import time
+import threading
 
 import hvd_sched._compat  # noqa: F401  (before Horovod: keras -> tf_keras on TF >= 2.16, clear stack errors)
 
 import numpy as np
 import tensorflow as tf
 
+import horovod.common.elastic
 import horovod.tensorflow.keras as hvd
 
 import hvd_sched
@@ -16,6 +22,7 @@ import rankutil
 from hvd_sched.keras import ElasticLRScaler, ScheduledOptimizer
 
 EPOCHS, STEPS, BATCH = 4, 20, 8
+HOLD_AT = 25
 OUT = os.environ["HVD_SCHED_TEST_OUT"]
 
 hvd.init()
@@ -51,9 +58,21 @@ class Record(tf.keras.callbacks.Callback):
             with open(os.path.join(OUT, "progress.tmp"), "w") as f:
                 f.write(str(it))
             os.replace(os.path.join(OUT, "progress.tmp"), os.path.join(OUT, "progress"))
-        time.sleep(0.1)  # leaves the test seconds to drop a slot before training ends
+        if hvd.rank() == 0 and it == HOLD_AT and not records["resets"] and not hosts_updated.wait(timeout=150):
+            raise RuntimeError(f"no hosts-updated notification within 150 s of iteration {HOLD_AT}")
 
 
+class HostsUpdated:
+    """A listener of Horovod's worker notifications (as hvd.elastic.State is): sets an event on a host change."""
+
+    def on_hosts_updated(self, timestamp, update_res):
+        hosts_updated.set()
+
+
+hosts_updated = threading.Event()
+
+
+listener = HostsUpdated()
 state = hvd.elastic.KerasState(model, batch=0, epoch=0)
 state.register_reset_callbacks([before_reset, scaler, after_reset])
 callbacks = [hvd.elastic.CommitStateCallback(state), hvd.elastic.UpdateBatchStateCallback(state),
@@ -62,6 +81,8 @@ callbacks = [hvd.elastic.CommitStateCallback(state), hvd.elastic.UpdateBatchStat
 
 @hvd.elastic.run
 def train(state):
+    # hvd.elastic.run has started the notification service by now.
+    horovod.common.elastic.notification_manager.register_listener(listener)
     state.model.fit(x, y, batch_size=BATCH, steps_per_epoch=STEPS, epochs=EPOCHS, initial_epoch=state.epoch,
                     shuffle=False, verbose=0, callbacks=callbacks)
 

@@ -21,7 +21,8 @@ from hvd_sched.keras import EpochCheckpoint, ScheduledOptimizer, horovod_callbac
 parser = argparse.ArgumentParser()
 parser.add_argument("--ckpt", required=True)
 parser.add_argument("--epochs", type=int, default=6)
-parser.add_argument("--sleep", type=float, default=0.0, help="seconds per batch, to give a test time to act")
+parser.add_argument("--hold-rank1-at", type=int, default=-1,
+                    help="rank 1 writes HVD_SCHED_TEST_OUT/held and waits there (to be killed) before this iteration")
 parser.add_argument("--resume", action="store_true")
 parser.add_argument("--diverge-at", type=int, default=0, help="iteration from which the LR is 1e8")
 parser.add_argument("--rank1-base-lr", type=float, default=None, help="a misconfigured rank 1")
@@ -52,14 +53,20 @@ meta = restore_latest(args.ckpt, model) if args.resume else None
 start = 0 if meta is None else meta["epoch"] + 1
 
 
-class Slow(tf.keras.callbacks.Callback):
-    def on_train_batch_end(self, batch, logs=None):
-        time.sleep(args.sleep)
+class HoldRank1(tf.keras.callbacks.Callback):
+    """Rank 1 stops before iteration --hold-rank1-at and says so: the test kills it there, whatever the load."""
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if rank == 1 and int(self.model.optimizer.iterations.numpy()) == args.hold_rank1_at:
+            with open(os.path.join(os.environ["HVD_SCHED_TEST_OUT"], "held"), "w") as f:
+                f.write(str(args.hold_rank1_at))
+            time.sleep(600)  # killed by the test long before; rank 0 waits in the next allreduce meanwhile
+            raise SystemExit("rank 1 was held for 600 s and not killed")
 
 
 callbacks = horovod_callbacks(checkpoint_dir=args.ckpt) + [EpochCheckpoint(args.ckpt)]
-if args.sleep:
-    callbacks.append(Slow())
+if args.hold_rank1_at >= 0:
+    callbacks.append(HoldRank1())
 model.fit(xs, ys, batch_size=GLOBAL_BATCH // size, epochs=args.epochs, initial_epoch=start, shuffle=False,
           verbose=0, callbacks=callbacks)
 rankutil.emit({"weights": model.get_weights(), "start": start,

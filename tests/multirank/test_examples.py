@@ -74,17 +74,20 @@ def test_demo_reaches_good_accuracy_and_resume_continues_exactly(tmp_path):
     assert checkpoints(resumed_out) == [6, 7, 8]
 
 
-@pytest.mark.parametrize("config, data", [
-    ("e2e_faster_rcnn_R-50-FPN_1x.yaml", []),
-    ("e2e_faster_rcnn_R-50-FPN_1x_large_batch_constant_warmup.yaml", []),
-    ("retinanet_R-50-FPN_cosine.yaml", ["--synthetic"]),
+# Two epochs learn well above chance (0.1 on ten classes): measured 0.63 and 0.69 on digits, 1.0 on the
+# separable synthetic clusters (2026-12-03, both stack rows); a schedule that did not train stays near 0.1.
+@pytest.mark.parametrize("config, data, least", [
+    ("e2e_faster_rcnn_R-50-FPN_1x.yaml", [], 0.5),
+    ("e2e_faster_rcnn_R-50-FPN_1x_large_batch_constant_warmup.yaml", [], 0.5),
+    ("retinanet_R-50-FPN_cosine.yaml", ["--synthetic"], 0.95),
 ])
-def test_each_detectron_config_trains_two_epochs(tmp_path, config, data):
+def test_each_detectron_config_trains_two_epochs(tmp_path, config, data, least):
     stdout, finals, summary = train(tmp_path / "run", "--config", CONFIGS / config, "--epochs", 2, *data)
     assert summary["iterations"] == 2 * summary["steps_per_epoch"]
     assert checkpoints(tmp_path / "run") == [1, 2]
     assert len(re.findall(r"epoch \d/2  lr ", stdout)) == 2
-    assert 0.0 <= finals[0] <= 1.0
+    assert least < finals[0] <= 1.0
+    assert summary["final_val_accuracy"] == pytest.approx(finals[0], abs=1e-4)  # printed with 4 decimals
 
 
 def test_schedule_from_flags_without_config(tmp_path):
