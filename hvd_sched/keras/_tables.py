@@ -11,11 +11,10 @@ values, the corrections), never one per iteration, so its size and build time do
 import numpy as np
 import tensorflow as tf
 
-from ..momentum import DIALECT_MODES, MODES, graph_correction_factor
+from ..momentum import graph_correction_factor
 from ..schedules import Schedule
 
-__all__ = ["as_schedule", "graph_lr", "graph_factor", "correction_table", "has_corrections",
-           "MAX_CORRECTION_TABLE"]
+__all__ = ["as_schedule", "graph_lr", "graph_factor", "correction_table", "MAX_CORRECTION_TABLE"]
 
 
 def as_schedule(schedule):
@@ -48,8 +47,8 @@ def correction_table(schedule, mode, threshold, limit=MAX_CORRECTION_TABLE):
     ``Schedule.momentum_corrections`` over ``[0, hold_iter]`` (none later: the LR is held), found from the
     schedule's pieces: the cost grows with the pieces and the corrections, not with MAX_ITER.
     """
-    if mode == "off" or limit <= 0:
-        return None if limit <= 0 else (np.zeros(0, np.int64), np.zeros(0, np.float32))
+    if mode == "off":
+        return np.zeros(0, np.int64), np.zeros(0, np.float32)
     found = schedule.momentum_corrections(schedule.hold_iter + 1, mode=mode, threshold=threshold,
                                           limit=limit + 1)
     if len(found) > limit:
@@ -86,17 +85,9 @@ def _lookup_factor(step, iterations, factors, max_compared=_MAX_COMPARED):
         # At most one iteration matches: the product is that factor, or 1.0, exactly.
         hits = tf.equal(tf.constant(iterations), step)
         return tf.reduce_prod(tf.where(hits, tf.constant(factors), tf.constant(1.0, tf.float32)))
-    # The first correction >= step; the padded tables make the index of a step past the last one valid.
-    index = tf.searchsorted(tf.constant(iterations), tf.reshape(step, [1]), side="left")[0]
-    keys = tf.constant(np.append(iterations, -1).astype(np.int64))
+    # The first correction >= step. One sorted constant: padded with the largest int64, which no step reaches, so
+    # a step past the last correction finds that pad (and 1.0) instead of an index out of range.
+    keys = tf.constant(np.append(iterations, np.iinfo(np.int64).max).astype(np.int64))
     values = tf.constant(np.append(factors, 1.0).astype(np.float32))
+    index = tf.searchsorted(keys, tf.reshape(step, [1]), side="left")[0]
     return tf.where(tf.equal(tf.gather(keys, index), step), tf.gather(values, index), tf.constant(1.0, tf.float32))
-
-
-def has_corrections(schedule, mode, threshold):
-    """True when the rule fires at least once (found from the schedule's pieces, without a walk)."""
-    if mode not in MODES + DIALECT_MODES:
-        raise ValueError(f"momentum_correction must be one of {MODES + DIALECT_MODES}, got {mode!r}")
-    if mode == "off":
-        return False
-    return bool(schedule.momentum_corrections(schedule.hold_iter + 1, mode=mode, threshold=threshold, limit=1))

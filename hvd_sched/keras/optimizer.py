@@ -92,8 +92,12 @@ class _Options:
         self.threshold = threshold
         # The corrections as a lookup table (None: too many, the rule runs in-graph instead).
         self.table = correction_table(self.schedule, self.mode, threshold)
-        self.has_corrections = self.table is None or bool(self.table[0].size)
         self.checked_multipliers = False
+
+    @property
+    def has_corrections(self):
+        """True when the rule fires at least once (a table with entries, or too many for a table)."""
+        return self.table is None or self.table[0].size > 0
 
     def config(self):
         return {
