@@ -63,8 +63,9 @@ if [ "${#need_apt[@]}" -gt 0 ]; then
     || die "apt-get install ${need_apt[*]} failed"
 fi
 
-# Every pip call runs under this constraint so nothing moves numpy, TensorFlow or tf-keras off the row's pins
-# (TensorFlow 2.15 needs numpy<2). One file per row: two rows may install at the same time.
+# Every pip call runs under this constraint so nothing moves numpy, TensorFlow, tf-keras or keras off the row's
+# pins (TensorFlow 2.15 needs numpy<2; TensorFlow >= 2.16 depends on Keras 3 even where tf.keras is tf-keras). One
+# file per row: two rows may install at the same time.
 constraints="$cache/constraints-$STACK-$gpu.txt"
 if [ "$gpu" = 1 ]; then
   printf '%s\n' "$NUMPY_SPEC" "tensorflow==$TENSORFLOW_VERSION" > "$constraints"
@@ -72,6 +73,7 @@ else
   printf '%s\n' "$NUMPY_SPEC" "tensorflow-cpu==$TENSORFLOW_CPU_VERSION" > "$constraints"
 fi
 [ -z "$TF_KERAS_VERSION" ] || echo "tf-keras==$TF_KERAS_VERSION" >> "$constraints"
+[ -z "$KERAS_VERSION" ] || echo "keras==$KERAS_VERSION" >> "$constraints"
 pip() { PIP_CONSTRAINT="$constraints" "$py" -m pip --disable-pip-version-check "$@"; }
 
 if [ "$gpu" = 1 ]; then
@@ -86,8 +88,15 @@ if ! "$py" -c "import importlib.metadata as m, sys; sys.exit(m.version('$tf_dist
 fi
 "$py" -c "import tensorflow as tf; assert tf.__version__ == '$TENSORFLOW_VERSION', tf.__version__" \
   || die "TensorFlow $TENSORFLOW_VERSION does not import in $py"
-# TensorFlow >= 2.16: Keras 2 is the tf-keras package; TF_USE_LEGACY_KERAS=1 makes it tf.keras (Horovod 0.28.1
-# has no Keras 3 support).
+# TensorFlow >= 2.16 depends on Keras 3 (the `keras` package, tf.keras unless TF_USE_LEGACY_KERAS=1); the rows
+# that pin it get exactly that version.
+if [ -n "$KERAS_VERSION" ]; then
+  "$py" -c "import importlib.metadata as m, sys; sys.exit(m.version('keras') != '$KERAS_VERSION')" 2>/dev/null \
+    || { step "installing keras $KERAS_VERSION"
+         pip install -q "keras==$KERAS_VERSION" || die "pip install keras==$KERAS_VERSION failed"; }
+fi
+# Keras 2 on TensorFlow >= 2.16 is the tf-keras package; TF_USE_LEGACY_KERAS=1 makes it tf.keras (rows with
+# LEGACY_KERAS=1). Rows without TF_KERAS_VERSION (tf2.15: Keras 2 built in; keras3: Keras 3) skip it.
 if [ -n "$TF_KERAS_VERSION" ]; then
   "$py" -c "import importlib.metadata as m, sys; sys.exit(m.version('tf-keras') != '$TF_KERAS_VERSION')" 2>/dev/null \
     || { step "installing tf-keras $TF_KERAS_VERSION"
@@ -96,7 +105,9 @@ if [ -n "$TF_KERAS_VERSION" ]; then
          nodeps=(--no-deps); [ "$gpu" = 1 ] && nodeps=()
          pip install -q "${nodeps[@]}" "tf-keras==$TF_KERAS_VERSION" || die "pip install tf-keras==$TF_KERAS_VERSION failed"; }
 fi
-[ "$LEGACY_KERAS" = 1 ] && export TF_USE_LEGACY_KERAS=1
+# The row decides, not the caller's shell: a TF_USE_LEGACY_KERAS=1 left over from a tf-keras row would make the
+# keras3 row's checks below look for tf-keras.
+if [ "$LEGACY_KERAS" = 1 ]; then export TF_USE_LEGACY_KERAS=1; else unset TF_USE_LEGACY_KERAS; fi
 
 # Horovod: built from source against the TensorFlow above, the wheel cached under a key of everything that
 # changes the binary.
@@ -151,14 +162,22 @@ echo "$check" | grep -q '\[X\] Gloo' \
 if [ "$gpu" = 1 ]; then
   echo "$check" | grep -q '\[X\] NCCL' || { echo "$check" >&2; die "Horovod was built without NCCL"; }
 fi
+# Horovod's Keras layer must import with the row's Keras: on tf-keras rows after `keras` -> tf_keras (what
+# hvd_sched/_compat.py does before Horovod is imported); on the keras3 row as it is, with tf.keras Keras 3.
 "$py" -c "import sys
 if '$LEGACY_KERAS' == '1':
-    import tf_keras; sys.modules['keras'] = tf_keras  # what hvd_sched/_compat.py does before Horovod is imported
-import horovod.tensorflow.keras as hvd" || die "horovod.tensorflow.keras does not import"
+    import tf_keras; sys.modules['keras'] = tf_keras
+import horovod.tensorflow.keras as hvd
+if '$LEGACY_KERAS' != '1' and '$KERAS_VERSION':
+    import tensorflow as tf
+    assert tf.keras.__version__ == '$KERAS_VERSION', ('tf.keras is', tf.keras.__version__)" \
+  || die "horovod.tensorflow.keras does not import (or tf.keras is not the row's Keras)"
 
 if [ -f "$root/setup.py" ]; then
   step "installing hvd_sched (editable) with test extras"
   pip install -q -e "$root[test]" || die "pip install -e .[test] failed"
 fi
 "$py" -c "from hvd_sched import _compat; _compat.check_stack()" || die "hvd_sched finds stack $STACK unsupported (above)"
-step "OK: stack $STACK: Python $PYTHON_VERSION, TensorFlow $TENSORFLOW_VERSION${TF_KERAS_VERSION:+, tf-keras $TF_KERAS_VERSION}, Horovod $HOROVOD_VERSION$src_change ($hvd_ops) in $py"
+keras_note="${TF_KERAS_VERSION:+, tf-keras $TF_KERAS_VERSION as tf.keras}"
+[ -n "$keras_note" ] || keras_note="${KERAS_VERSION:+, Keras $KERAS_VERSION as tf.keras}"
+step "OK: stack $STACK: Python $PYTHON_VERSION, TensorFlow $TENSORFLOW_VERSION$keras_note, Horovod $HOROVOD_VERSION$src_change ($hvd_ops) in $py"
