@@ -2,7 +2,8 @@
 # environment and the cached Horovod wheel in $(HVD_SCHED_CACHE), default ~/.cache/hvd_sched).
 #
 # STACK picks a row of the support matrix (scripts/versions.env; default: its first row, in .venv):
-#   make test STACK=tf2.20        (Python 3.12, TensorFlow 2.20 + tf-keras, in .venv-tf2.20)
+#   make test STACK=tf2.20        (Python 3.12, TensorFlow 2.20 + tf-keras as tf.keras, in .venv-tf2.20)
+#   make test STACK=keras3        (Python 3.12, TensorFlow 2.20 with Keras 3 as tf.keras, in .venv-keras3)
 STACKS := $(shell bash scripts/stack.sh --list)
 STACK ?= $(firstword $(STACKS))
 ifeq ($(filter $(STACK),$(STACKS)),)
@@ -18,9 +19,13 @@ PYTEST_ARGS ?=
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONUNBUFFERED = 1
 export HVD_SCHED_STACK := $(STACK)
-# TensorFlow >= 2.16 rows: tf.keras must be Keras 2 (tf-keras) for Horovod 0.28.1.
+# The row, not the caller's shell, decides what tf.keras is on TensorFlow >= 2.16: tf-keras (Keras 2) on rows with
+# LEGACY_KERAS=1; on the others TF_USE_LEGACY_KERAS is removed from every recipe's environment, so a value left
+# over from a tf-keras row cannot turn the keras3 row into a Keras 2 run.
 ifeq ($(shell bash scripts/stack.sh $(STACK) LEGACY_KERAS),1)
 export TF_USE_LEGACY_KERAS = 1
+else
+unexport TF_USE_LEGACY_KERAS
 endif
 
 .PHONY: install demo test bench clean
