@@ -28,16 +28,16 @@ Example:
 """
 
 import ast
-import difflib
 import errno
-import inspect
 import math
 import os
 import warnings
 from collections.abc import Mapping
 
 from . import dialects
-from .schedules import _MAX_INT, Schedule, _float_list, _int_list, _integer, _number
+from ._validation import MAX_INT, close_match_hint, float_list, int_list, integer, number
+from .dialects import EPOCH_KEYS, SOLVER_KEYS
+from .schedules import Schedule
 
 __all__ = [
     "SOLVER_KEYS",
@@ -49,32 +49,6 @@ __all__ = [
     "gradual_warmup_factor",
 ]
 
-
-# Schedule arguments that only the other dialects set (``hvd_sched.dialects``); not Detectron SOLVER keys.
-_DIALECT_ARGUMENTS = ("dialect", "warm_up_lr", "gradual_increase_lr", "gradual_lr_step", "gradual_lr_start",
-                      "nesterov", "weight_decay_bn")
-
-
-def _schedule_defaults():
-    parameters = inspect.signature(Schedule.__init__).parameters.values()
-    return {
-        parameter.name.upper(): list(parameter.default) if isinstance(parameter.default, tuple) else parameter.default
-        for parameter in parameters
-        if parameter.name != "self" and parameter.name not in _DIALECT_ARGUMENTS
-    }
-
-
-#: Every SOLVER key in iterations, upper case, with its default (Detectron's, then hvd_sched's additions).
-SOLVER_KEYS = {**_schedule_defaults(), "REFERENCE_WORLD_SIZE": 0}
-
-#: Epoch-valued keys (hvd_sched) and the iteration key each one is converted to.
-EPOCH_KEYS = {
-    "MAX_EPOCHS": "MAX_ITER",
-    "STEP_SIZE_EPOCHS": "STEP_SIZE",
-    "STEPS_EPOCHS": "STEPS",
-    "WARM_UP_EPOCHS": "WARM_UP_ITERS",
-    "STEP_SIZES_EPOCHS": "STEP_SIZES",
-}
 
 _ITERATION_KEYS = ("MAX_ITER", "STEP_SIZE", "STEPS", "WARM_UP_ITERS", "STEP_SIZES")
 _LIST_KEYS = ("STEPS", "STEP_SIZES")
@@ -177,13 +151,8 @@ def _check_keys(section):
         if key.upper() in SOLVER_KEYS or key.upper() in EPOCH_KEYS:
             raise ValueError(f"SOLVER key {key!r} is not upper case; did you mean {key.upper()!r}? "
                              f"(Schedule.from_config takes the lower-case get_config() keys)")
-        hint = dialects.foreign_key_hint(key, "detectron") or _close_match_hint(key, valid)
+        hint = dialects.foreign_key_hint(key, "detectron") or close_match_hint(key, valid)
         raise ValueError(f"unknown SOLVER key {key!r}{hint}")
-
-
-def _close_match_hint(key, valid):
-    close = difflib.get_close_matches(key.upper(), valid, n=1)
-    return f"; did you mean {close[0]!r}?" if close else f"; valid keys: {sorted(valid)}"
 
 
 def _convert_epochs(section, steps_per_epoch, notes):
@@ -202,12 +171,12 @@ def _convert_epochs(section, steps_per_epoch, notes):
         if iteration_key in _LIST_KEYS:
             if isinstance(epochs, (str, bytes)) or not isinstance(epochs, (list, tuple)):
                 raise TypeError(f"{epoch_key} must be a list, got {epochs!r}")
-            values = [_number(epoch_key, value, low=0, low_open=low_open) for value in epochs]
+            values = [number(epoch_key, value, low=0, low_open=low_open) for value in epochs]
             if epoch_key == "STEPS_EPOCHS" and values and values[0] != 0:
                 raise ValueError(f"STEPS_EPOCHS must start at 0, got {epochs!r}")
             section[iteration_key] = [_to_iterations(epoch_key, value, steps_per_epoch) for value in values]
         else:
-            value = _number(epoch_key, epochs, low=0, low_open=low_open)
+            value = number(epoch_key, epochs, low=0, low_open=low_open)
             section[iteration_key] = _to_iterations(epoch_key, value, steps_per_epoch)
         notes.append(f"{iteration_key}={section[iteration_key]!r} was converted from {epoch_key}={epochs!r} "
                      f"with steps_per_epoch={steps_per_epoch}")
@@ -218,14 +187,14 @@ def _convert_epochs(section, steps_per_epoch, notes):
 def _to_iterations(epoch_key, epochs, steps_per_epoch):
     """``int(round(epochs * steps_per_epoch))``, once the product is known to be at most 2**53 iterations."""
     iterations = epochs * steps_per_epoch
-    if not iterations <= _MAX_INT:  # also inf, which int(round()) would raise OverflowError for
-        raise ValueError(f"{epoch_key} * steps_per_epoch must be <= {_MAX_INT} iterations, got {epochs!r} * "
+    if not iterations <= MAX_INT:  # also inf, which int(round()) would raise OverflowError for
+        raise ValueError(f"{epoch_key} * steps_per_epoch must be <= {MAX_INT} iterations, got {epochs!r} * "
                          f"{steps_per_epoch} = {iterations!r}")
     return int(round(iterations))
 
 
 def _scale_linearly(section, world_size, from_epochs, notes):
-    reference = _integer("reference_world_size", section.pop("REFERENCE_WORLD_SIZE", 0), low=0)
+    reference = integer("reference_world_size", section.pop("REFERENCE_WORLD_SIZE", 0), low=0)
     if reference == 0:
         return 1.0, 0
     if world_size is None:
@@ -238,15 +207,15 @@ def _scale_linearly(section, world_size, from_epochs, notes):
                                     finite=False)
     policy = section.get("LR_POLICY", SOLVER_KEYS["LR_POLICY"])
     if isinstance(policy, str) and policy == "steps_with_lrs" and "LRS" in section:
-        section["LRS"] = [lr * scale for lr in _float_list("lrs", section["LRS"])]
+        section["LRS"] = [lr * scale for lr in float_list("lrs", section["LRS"])]
     for key in _ITERATION_KEYS:
         if key in from_epochs:
             continue
         value = section.get(key, SOLVER_KEYS[key])
         if key in _LIST_KEYS:
-            section[key] = [int(round(item / scale)) for item in _int_list(key.lower(), value)]
+            section[key] = [int(round(item / scale)) for item in int_list(key.lower(), value)]
         else:
-            section[key] = int(round(_integer(key.lower(), value, low=0) / scale))
+            section[key] = int(round(integer(key.lower(), value, low=0) / scale))
     notes.append(f"linear scaling by world_size / REFERENCE_WORLD_SIZE = {world_size} / {reference}")
     return scale, reference
 
@@ -280,12 +249,12 @@ def from_detectron(solver, *, steps_per_epoch=None, world_size=None, dialect="de
     if not isinstance(dialect, str) or dialect not in dialects.DIALECTS:
         raise ValueError(f"dialect must be one of {list(dialects.DIALECTS)}, got {dialect!r}")
     if steps_per_epoch is not None:
-        steps_per_epoch = _integer("steps_per_epoch", steps_per_epoch, low=1, label="steps_per_epoch")
+        steps_per_epoch = integer("steps_per_epoch", steps_per_epoch, low=1, label="steps_per_epoch")
     if world_size is not None:
-        world_size = _integer("world_size", world_size, low=1, label="world_size")
+        world_size = integer("world_size", world_size, low=1, label="world_size")
     section = _solver_section(solver)
     if dialect != "detectron":
-        arguments, _ = dialects.schedule_arguments(section, dialect, _close_match_hint)
+        arguments, _ = dialects.schedule_arguments(section, dialect)
         try:
             return Schedule(**arguments)
         except (ValueError, TypeError) as error:
@@ -320,9 +289,9 @@ def _scaled_lr(base_lr, size, reference, names=_WORLD_SIZES, *, finite=True):
 
     ``finite``: reject a product beyond float64; else return it (inf), for Schedule to reject with the notes.
     """
-    base_lr = _number("base_lr", base_lr, low=0, low_open=True)
-    size = _integer(names[0], size, low=1, label=names[0])
-    reference = _integer(names[1], reference, low=1, label=names[1])
+    base_lr = number("base_lr", base_lr, low=0, low_open=True)
+    size = integer(names[0], size, low=1, label=names[0])
+    reference = integer(names[1], reference, low=1, label=names[1])
     lr = base_lr * (size / reference)
     if finite and not math.isfinite(lr):
         raise ValueError(f"BASE_LR * ({names[0]} / {names[1]}) must be finite, got {base_lr!r} * ({size} / "
@@ -359,7 +328,7 @@ def gradual_warmup_factor(world_size, reference_world_size=1):
     1)``, which is the linear warmup ``F * (1 - alpha) + alpha`` with ``F = 1 / size``. With a reference world
     size, ``F = reference_world_size / world_size`` (a factor above 1 is rejected when a Schedule is built).
     """
-    world_size = _integer("world_size", world_size, low=1, label="world_size")
-    reference_world_size = _integer("reference_world_size", reference_world_size, low=1,
+    world_size = integer("world_size", world_size, low=1, label="world_size")
+    reference_world_size = integer("reference_world_size", reference_world_size, low=1,
                                     label="reference_world_size")
     return reference_world_size / world_size

@@ -1,8 +1,11 @@
 """The Detectron-family SOLVER dialects: each repository's keys, defaults and semantics -> ``Schedule`` arguments.
 
-Layer 3 (numpy only). ``from_detectron(..., dialect=NAME)`` reads a YAML of that family unchanged:
+Data and translation, below ``hvd_sched.config`` (which reads it and never the other way): each dialect's keys
+and defaults, the messages' key names, and ``schedule_arguments``, which turns a SOLVER mapping into ``Schedule``
+arguments. ``from_detectron(..., dialect=NAME)`` reads a YAML of that family unchanged:
 
-- ``'detectron'`` (the default): Detectron's ``detectron/core/config.py`` keys plus hvd_sched's additions.
+- ``'detectron'`` (the default): Detectron's ``detectron/core/config.py`` keys plus hvd_sched's additions
+  (``SOLVER_KEYS``, ``EPOCH_KEYS``; their units and linear scaling are converted by ``hvd_sched.config``).
 - ``'large_scale_vrd'``: facebookresearch/Large-Scale-VRD (``lib/core/config_rel.py``; its training loop,
   ``tools/train_net_rel.py``, only ever calls ``add_variable_stepsize_lr(curr_iter + 1)``): NUM_ITERATIONS,
   STEP_SIZES stages, an absolute WARM_UP_LR while ``i <= WARM_UP_ITERS``, an optional GRADUAL_INCREASE_LR ramp,
@@ -16,11 +19,14 @@ The full spec, with file and line references, is ``docs/dialects.md``. Keys a re
 value its training never reads are accepted and listed in ``NO_EFFECT`` (the reason is given there).
 """
 
+import inspect
 import re
 
-from .schedules import _MAX_INT, _integer, _int_list
+from ._validation import MAX_INT, boolean, close_match_hint, int_list, integer, string
+from .schedules import Schedule
 
-__all__ = ["DIALECTS", "LABELS", "DEFAULTS", "NO_EFFECT", "foreign_key_hint", "schedule_arguments"]
+__all__ = ["DIALECTS", "LABELS", "SOLVER_KEYS", "EPOCH_KEYS", "DEFAULTS", "NO_EFFECT", "foreign_key_hint", "rename",
+           "schedule_arguments"]
 
 #: The dialect names ``from_detectron`` accepts.
 DIALECTS = ("detectron", "large_scale_vrd", "video_nonlocal")
@@ -28,7 +34,35 @@ DIALECTS = ("detectron", "large_scale_vrd", "video_nonlocal")
 #: Each dialect's repository, for messages.
 LABELS = {"detectron": "Detectron", "large_scale_vrd": "Large-Scale-VRD", "video_nonlocal": "video-nonlocal-net"}
 
-#: The SOLVER keys and defaults of the two other dialects (Detectron's are ``hvd_sched.SOLVER_KEYS``).
+# Schedule arguments that only the other dialects set; not Detectron SOLVER keys.
+_DIALECT_ARGUMENTS = ("dialect", "warm_up_lr", "gradual_increase_lr", "gradual_lr_step", "gradual_lr_start",
+                      "nesterov", "weight_decay_bn")
+
+
+def _detectron_defaults():
+    parameters = inspect.signature(Schedule.__init__).parameters.values()
+    return {
+        parameter.name.upper(): list(parameter.default) if isinstance(parameter.default, tuple) else parameter.default
+        for parameter in parameters
+        if parameter.name != "self" and parameter.name not in _DIALECT_ARGUMENTS
+    }
+
+
+#: Every Detectron SOLVER key in iterations, upper case, with its default (Detectron's, then hvd_sched's additions);
+#: ``hvd_sched.SOLVER_KEYS``. ``Schedule``'s signature is the one source of the defaults.
+SOLVER_KEYS = {**_detectron_defaults(), "REFERENCE_WORLD_SIZE": 0}
+
+#: Epoch-valued keys (hvd_sched's, Detectron dialect) and the iteration key each one is converted to;
+#: ``hvd_sched.EPOCH_KEYS``.
+EPOCH_KEYS = {
+    "MAX_EPOCHS": "MAX_ITER",
+    "STEP_SIZE_EPOCHS": "STEP_SIZE",
+    "STEPS_EPOCHS": "STEPS",
+    "WARM_UP_EPOCHS": "WARM_UP_ITERS",
+    "STEP_SIZES_EPOCHS": "STEP_SIZES",
+}
+
+#: The SOLVER keys and defaults of the two other dialects (Detectron's are ``SOLVER_KEYS``).
 DEFAULTS = {
     "large_scale_vrd": {
         "NESTEROV": True, "BASE_LR": 0.1, "LR_FACTOR": 1.0, "STEP_SIZES": [150150, 150150, 150150],
@@ -70,11 +104,8 @@ _WARMUP_KEYS = ("WARMUP_ON", "WARMUP_START_LR", "WARMUP_END_ITER")
 def foreign_key_hint(key, dialect):
     """`` (a Large-Scale-VRD key: pass dialect='large_scale_vrd')`` for a key another dialect has, else ''."""
     owners = [name for name in DIALECTS if name != dialect and name in DEFAULTS and key in DEFAULTS[name]]
-    if dialect != "detectron":
-        from .config import SOLVER_KEYS  # the Detectron keys; imported here, config imports this module
-
-        if key in SOLVER_KEYS:
-            owners.insert(0, "detectron")
+    if dialect != "detectron" and key in SOLVER_KEYS:
+        owners.insert(0, "detectron")
     if not owners:
         return ""
     labels = " and ".join(LABELS[name] for name in owners)
@@ -110,21 +141,18 @@ def _check_known(section, dialect, close_matches):
                 raise ValueError(f"unknown SOLVER.WARMUP key {key!r}; expected one of {list(_WARMUP_KEYS)}")
 
 
-def _bool(name, value):
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
-    return value
-
-
-def _string(name, value):
-    if not isinstance(value, str):
-        raise TypeError(f"{name} must be a string, got {value!r} ({type(value).__name__})")
-    return value
-
-
-def schedule_arguments(section, dialect, close_matches):
+def schedule_arguments(section, dialect, close_matches=close_match_hint):
     """``(Schedule keyword arguments, notes)`` for a SOLVER mapping of the ``'large_scale_vrd'`` or
     ``'video_nonlocal'`` dialect, merged over that repository's defaults.
+
+    Only what the translation itself reads is checked here (the flags, STEP_SIZES, the warmup length, and the keys
+    ``Schedule`` never sees, such as LR_TYPE); ``Schedule`` validates the rest, and ``rename`` puts its message in
+    the dialect's key names.
+
+    Args:
+        section: the SOLVER mapping (upper-case keys).
+        dialect: ``'large_scale_vrd'`` or ``'video_nonlocal'``.
+        close_matches: ``(key, valid keys) -> hint`` for an unknown key (default: the closest valid key).
 
     Raises:
         ValueError / TypeError: an unknown key (naming the dialect that has it), a value of the wrong type.
@@ -135,26 +163,26 @@ def schedule_arguments(section, dialect, close_matches):
              for key, why in NO_EFFECT[dialect].items() if key in section]
     common = {"base_lr": solver["BASE_LR"], "gamma": solver["GAMMA"], "momentum": solver["MOMENTUM"],
               "weight_decay": solver["WEIGHT_DECAY"], "weight_decay_bn": solver["WEIGHT_DECAY_BN"],
-              "scale_momentum": _bool("SCALE_MOMENTUM", solver["SCALE_MOMENTUM"]), "dialect": dialect}
+              "scale_momentum": boolean("SCALE_MOMENTUM", solver["SCALE_MOMENTUM"]), "dialect": dialect}
     if dialect == "large_scale_vrd":
         for key in ("LR_POLICY", "LR_TYPE", "WARM_UP_TYPE"):
-            _string(key, solver[key])
-        _bool("NESTEROV", solver["NESTEROV"])
-        warm_up_iters = _integer("warm_up_iters", solver["WARM_UP_ITERS"], low=-_MAX_INT)
+            string(key, solver[key])
+        boolean("NESTEROV", solver["NESTEROV"])
+        warm_up_iters = integer("warm_up_iters", solver["WARM_UP_ITERS"], low=-MAX_INT)
         return {**common, "lr_policy": "variable_stepsize", "max_iter": solver["NUM_ITERATIONS"],
-                "step_sizes": _int_list("step_sizes", solver["STEP_SIZES"], low=1),
+                "step_sizes": int_list("step_sizes", solver["STEP_SIZES"], low=1),
                 "warm_up_iters": max(warm_up_iters, 0),  # i <= -1 and i <= 0 never hold for i >= 1
                 "warm_up_lr": solver["WARM_UP_LR"], "gradual_increase_lr": solver["GRADUAL_INCREASE_LR"],
                 "gradual_lr_step": solver["GRADUAL_LR_STEP"], "gradual_lr_start": solver["GRADUAL_LR_START"],
                 "lr_factor": solver["LR_FACTOR"], "nesterov": False, "scale_momentum_mode": "any_change"}, notes
     warmup = {**DEFAULTS[dialect]["WARMUP"], **(solver["WARMUP"] or {})}
-    step_sizes = _int_list("step_sizes", solver["STEP_SIZES"], low=1)
+    step_sizes = int_list("step_sizes", solver["STEP_SIZES"], low=1)
     steps = [0]
     for size in step_sizes:  # assert_and_infer_cfg
         steps.append(steps[-1] + size)
-    on = _bool("WARMUP.WARMUP_ON", warmup["WARMUP_ON"])
-    end_iter = _integer("warm_up_iters", warmup["WARMUP_END_ITER"], low=1, label="WARMUP.WARMUP_END_ITER")
-    return {**common, "lr_policy": _string("LR_POLICY", solver["LR_POLICY"]), "steps": steps,
+    on = boolean("WARMUP.WARMUP_ON", warmup["WARMUP_ON"])
+    end_iter = integer("warm_up_iters", warmup["WARMUP_END_ITER"], low=1, label="WARMUP.WARMUP_END_ITER")
+    return {**common, "lr_policy": string("LR_POLICY", solver["LR_POLICY"]), "steps": steps,
             "lrs": solver["LRS"], "max_iter": solver["MAX_ITER"], "warm_up_iters": end_iter if on else 0,
-            "warm_up_lr": warmup["WARMUP_START_LR"], "nesterov": _bool("NESTEROV", solver["NESTEROV"]),
+            "warm_up_lr": warmup["WARMUP_START_LR"], "nesterov": boolean("NESTEROV", solver["NESTEROV"]),
             "scale_momentum_mode": "relative_change"}, notes

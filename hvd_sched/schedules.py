@@ -17,12 +17,12 @@ Example::
 """
 
 import inspect
-import math
 import numbers
 
 import numpy as np
 
 from . import momentum, policies, segments
+from ._validation import MAX_INT, choice, float_list, int_list, integer, key, number
 
 __all__ = ["Schedule"]
 
@@ -32,102 +32,6 @@ _LRS_POLICIES = ("steps_with_lrs", "steps_with_relative_lrs")
 _ZERO_AT_MAX_ITER = ("cosine_decay", "poly")
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 _FLOAT32_TINY = float(np.finfo(np.float32).tiny)
-
-
-# The largest int accepted for an iteration count, a world size or steps per epoch (MAX_ITER, STEP_SIZE, each STEPS
-# entry and sum(STEP_SIZES), WARM_UP_ITERS, REFERENCE_WORLD_SIZE, world_size, ...): 2**53, about 9e15 iterations.
-# Every such int is exact as a float64, so Detectron's float(cur_iter) / MAX_ITER sees the true iteration, and the
-# int64 arithmetic of lr_at (sums, it // STEP_SIZE, hold_iter + 1) cannot overflow.
-_MAX_INT = 2**53
-
-
-def _key(name):
-    return name.upper()
-
-
-def _repr(value):
-    """``repr(value)``, or a summary when it holds an int too long to print (``sys.get_int_max_str_digits``)."""
-    try:
-        return repr(value)
-    except ValueError:
-        return f"<{type(value).__name__} too large to print>"
-
-
-def _float(value):
-    """``float(value)``, or nan for a real beyond float64 (``10**400``), which the callers reject as not finite."""
-    try:
-        return float(value)
-    except OverflowError:
-        return math.nan
-
-
-def _number(name, value, *, low=None, high=None, low_open=False):
-    """A finite real (not bool) ``>= low`` (``> low`` if ``low_open``) and ``<= high``, as a Python float.
-
-    The error names the Detectron key (``name`` upper-cased) and the value, e.g. ``WARM_UP_FACTOR must be in
-    (0, 1], got 1.5``.
-    """
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{_key(name)} must be a number, got {_repr(value)} ({type(value).__name__})")
-    if high is not None:
-        bound = f"in {'(' if low_open else '['}{low}, {high}]"
-    else:
-        bound = f"{'>' if low_open else '>='} {low}"
-    number = _float(value)
-    too_low = number <= low if low_open else number < low
-    if not math.isfinite(number) or too_low or (high is not None and number > high):
-        raise ValueError(f"{_key(name)} must be {bound}, got {_repr(value)}")
-    return number
-
-
-def _integer(name, value, *, low=0, high=_MAX_INT, label=None):
-    """An int (not bool, not float) in ``[low, high]`` (``high`` None: unbounded), as a Python int; ``label``
-    replaces the upper-cased key."""
-    label = label or _key(name)
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{label} must be an int, got {_repr(value)} ({type(value).__name__})")
-    if value < low:
-        raise ValueError(f"{label} must be >= {low}, got {_repr(int(value))}")
-    if high is not None and value > high:
-        raise ValueError(f"{label} must be <= {high}, got {_repr(int(value))}")
-    return int(value)
-
-
-def _sequence(name, value):
-    # A 0-d or 2-d array is not a list of entries (list() of a 0-d array would raise numpy's unnamed TypeError).
-    if not (isinstance(value, (list, tuple)) or isinstance(value, np.ndarray) and value.ndim == 1):
-        raise TypeError(f"{_key(name)} must be a list, got {_repr(value)} ({type(value).__name__})")
-    return list(value)
-
-
-def _int_list(name, value, *, low=0, high=_MAX_INT):
-    items = _sequence(name, value)
-    for item in items:
-        if isinstance(item, (bool, np.bool_)) or not isinstance(item, numbers.Integral):
-            raise TypeError(f"{_key(name)} must be a list of ints, got {_repr(items)}")
-        if item < low:
-            raise ValueError(f"{_key(name)} entries must be >= {low}, got {_repr(items)}")
-        if item > high:
-            raise ValueError(f"{_key(name)} entries must be <= {high}, got {_repr(items)}")
-    return [int(item) for item in items]
-
-
-def _float_list(name, value):
-    items = _sequence(name, value)
-    for item in items:
-        if isinstance(item, (bool, np.bool_)) or not isinstance(item, numbers.Real):
-            raise TypeError(f"{_key(name)} must be a list of numbers, got {_repr(items)}")
-        if not (math.isfinite(_float(item)) and item > 0):
-            raise ValueError(f"{_key(name)} entries must be finite and > 0, got {_repr(items)}")
-    return [float(item) for item in items]
-
-
-def _choice(name, value, choices):
-    if not isinstance(value, str):
-        raise TypeError(f"{_key(name)} must be a string, got {value!r} ({type(value).__name__})")
-    if value not in choices:
-        raise ValueError(f"unknown {_key(name)} {value!r}; expected one of {list(choices)}")
-    return value
 
 
 def _as_iterations(it, hold_iter):
@@ -203,38 +107,38 @@ class Schedule:
                  step_sizes=(), power=1.0, weight_decay_gn=0.0, dialect="detectron", warm_up_lr=0.1,
                  gradual_increase_lr=False, gradual_lr_step=0.005, gradual_lr_start=0.1, nesterov=False,
                  weight_decay_bn=0.0):
-        self._base_lr = _number("base_lr", base_lr, low=0, low_open=True)
-        self._lr_policy = _choice("lr_policy", lr_policy, policies.POLICIES)
-        self._gamma = _number("gamma", gamma, low=0, low_open=True)
-        self._step_size = _integer("step_size", step_size, low=1)
-        self._steps = _int_list("steps", steps)
-        self._lrs = _float_list("lrs", lrs)
-        self._max_iter = _integer("max_iter", max_iter, low=1)
-        self._warm_up_iters = _integer("warm_up_iters", warm_up_iters, low=0)
-        self._warm_up_factor = _number("warm_up_factor", warm_up_factor, low=0, high=1, low_open=True)
-        self._warm_up_method = _choice("warm_up_method", warm_up_method, policies.WARM_UP_METHODS)
+        self._base_lr = number("base_lr", base_lr, low=0, low_open=True)
+        self._lr_policy = choice("lr_policy", lr_policy, policies.POLICIES)
+        self._gamma = number("gamma", gamma, low=0, low_open=True)
+        self._step_size = integer("step_size", step_size, low=1)
+        self._steps = int_list("steps", steps)
+        self._lrs = float_list("lrs", lrs)
+        self._max_iter = integer("max_iter", max_iter, low=1)
+        self._warm_up_iters = integer("warm_up_iters", warm_up_iters, low=0)
+        self._warm_up_factor = number("warm_up_factor", warm_up_factor, low=0, high=1, low_open=True)
+        self._warm_up_method = choice("warm_up_method", warm_up_method, policies.WARM_UP_METHODS)
         if not isinstance(scale_momentum, (bool, np.bool_)):
             raise TypeError(f"SCALE_MOMENTUM must be a bool, got {scale_momentum!r}")
         self._scale_momentum = bool(scale_momentum)
-        self._scale_momentum_threshold = _number("scale_momentum_threshold", scale_momentum_threshold, low=1)
-        self._scale_momentum_mode = _choice("scale_momentum_mode", scale_momentum_mode, _SCALE_MOMENTUM_MODES)
-        self._log_lr_change_threshold = _number("log_lr_change_threshold", log_lr_change_threshold, low=1)
-        self._momentum = _number("momentum", momentum, low=0, high=1)
-        self._weight_decay = _number("weight_decay", weight_decay, low=0)
-        self._lr_factor = _number("lr_factor", lr_factor, low=0, low_open=True)
-        self._step_sizes = _int_list("step_sizes", step_sizes, low=1)
-        self._power = _number("power", power, low=0, low_open=True)
-        self._weight_decay_gn = _number("weight_decay_gn", weight_decay_gn, low=0)
-        self._dialect = _choice("dialect", dialect, tuple(segments.WARMUPS))
-        self._warm_up_lr = _number("warm_up_lr", warm_up_lr, low=0, low_open=True)
+        self._scale_momentum_threshold = number("scale_momentum_threshold", scale_momentum_threshold, low=1)
+        self._scale_momentum_mode = choice("scale_momentum_mode", scale_momentum_mode, _SCALE_MOMENTUM_MODES)
+        self._log_lr_change_threshold = number("log_lr_change_threshold", log_lr_change_threshold, low=1)
+        self._momentum = number("momentum", momentum, low=0, high=1)
+        self._weight_decay = number("weight_decay", weight_decay, low=0)
+        self._lr_factor = number("lr_factor", lr_factor, low=0, low_open=True)
+        self._step_sizes = int_list("step_sizes", step_sizes, low=1)
+        self._power = number("power", power, low=0, low_open=True)
+        self._weight_decay_gn = number("weight_decay_gn", weight_decay_gn, low=0)
+        self._dialect = choice("dialect", dialect, tuple(segments.WARMUPS))
+        self._warm_up_lr = number("warm_up_lr", warm_up_lr, low=0, low_open=True)
         for name, value in (("gradual_increase_lr", gradual_increase_lr), ("nesterov", nesterov)):
             if not isinstance(value, (bool, np.bool_)):
-                raise TypeError(f"{_key(name)} must be a bool, got {value!r}")
+                raise TypeError(f"{key(name)} must be a bool, got {value!r}")
         self._gradual_increase_lr = bool(gradual_increase_lr)
-        self._gradual_lr_step = _number("gradual_lr_step", gradual_lr_step, low=0, low_open=True)
-        self._gradual_lr_start = _number("gradual_lr_start", gradual_lr_start, low=0, low_open=True)
+        self._gradual_lr_step = number("gradual_lr_step", gradual_lr_step, low=0, low_open=True)
+        self._gradual_lr_start = number("gradual_lr_start", gradual_lr_start, low=0, low_open=True)
         self._nesterov = bool(nesterov)
-        self._weight_decay_bn = _number("weight_decay_bn", weight_decay_bn, low=0)
+        self._weight_decay_bn = number("weight_decay_bn", weight_decay_bn, low=0)
         self._check_dialect()
         self._check_policy_keys()
 
@@ -266,8 +170,8 @@ class Schedule:
                              f"got {self._lrs!r}")
         if policy == "variable_stepsize" and not self._step_sizes:
             raise ValueError(f"STEP_SIZES must be non-empty for LR_POLICY {policy!r}, got {self._step_sizes!r}")
-        if sum(self._step_sizes) > _MAX_INT:  # the last stage end is an iteration too
-            raise ValueError(f"STEP_SIZES must sum to <= {_MAX_INT}, got {self._step_sizes!r}")
+        if sum(self._step_sizes) > MAX_INT:  # the last stage end is an iteration too
+            raise ValueError(f"STEP_SIZES must sum to <= {MAX_INT}, got {self._step_sizes!r}")
         self._policy = segments.policy_for(self)
         self._warmup = segments.WARMUPS[self._dialect](self, self._policy)
         self._pieces = None
@@ -302,7 +206,7 @@ class Schedule:
         names = ["lr_policy", *self._policy.keys]
         if it < self._warm_up_iters:
             names += list(self._warmup.keys)
-        return ", ".join(f"{_key(name)}={getattr(self, '_' + name)!r}" for name in names)
+        return ", ".join(f"{key(name)}={getattr(self, '_' + name)!r}" for name in names)
 
     def _check_float32_lrs(self):
         """Reject a schedule whose float32 LR is not finite, or is 0 where it must be > 0 (everywhere, except at
@@ -423,8 +327,8 @@ class Schedule:
             ValueError: for a negative ``stop`` or ``start`` outside ``[0, stop]``.
             TypeError: for non-int arguments.
         """
-        stop = _integer("stop", stop, low=0, high=None, label="stop")
-        start = _integer("start", start, low=0, high=None, label="start")
+        stop = integer("stop", stop, low=0, high=None, label="stop")
+        start = integer("start", start, low=0, high=None, label="start")
         if start > stop:
             raise ValueError(f"start must be <= stop, got start={start}, stop={stop}")
         mode = self.correction_mode if mode is None else mode
@@ -432,7 +336,7 @@ class Schedule:
         momentum.correction_factors([], [], mode, threshold)  # validates the rule
         # Past hold_iter the LR does not change, so no iteration after it can correct.
         if limit is not None:
-            limit = _integer("limit", limit, low=1, high=None, label="limit")
+            limit = integer("limit", limit, low=1, high=None, label="limit")
         its, factors = segments.find_corrections(self.pieces(), self.lr_at, self._lr64, start,
                                                  min(stop, self.hold_iter + 1), mode, threshold, limit)
         return [(int(it), float(factor)) for it, factor in zip(its.tolist(), factors.tolist())]
