@@ -147,49 +147,49 @@ class _StepList(_Policy):
         raise NotImplementedError
 
     def lr(self, its):
-        return np.asarray(self.values(), dtype=np.float64)[policies.step_index(its, self.s._steps)]
+        return np.asarray(self.values(), dtype=np.float64)[policies.step_index(its, self.s.steps)]
 
     def graph_lr(self, it, tf):
         # STEPS[0] == 0, so the count is >= 1: a leading copy of the first value saves the ``- 1``.
         values = np.asarray(self.values(), dtype=np.float64)
-        return _tf_gather(np.concatenate([values[:1], values]), _tf_index(it, self.s._steps, tf), tf)
+        return _tf_gather(np.concatenate([values[:1], values]), _tf_index(it, self.s.steps, tf), tf)
 
     def pieces(self):
-        steps = self.s._steps
+        steps = self.s.steps
         return [Piece(start, stop, "constant") for start, stop in zip(steps, steps[1:] + [None])]
 
     def last_change(self):
-        return self.s._steps[-1]
+        return self.s.steps[-1]
 
     def boundaries(self):
-        return list(self.s._steps)
+        return list(self.s.steps)
 
 
 class StepsWithDecay(_StepList):
     name, keys = "steps_with_decay", ("base_lr", "gamma", "steps")
 
     def values(self):
-        return policies.decay_table(self.s._base_lr, self.s._gamma, 0, len(self.s._steps) - 1)
+        return policies.decay_table(self.s.base_lr, self.s.gamma, 0, len(self.s.steps) - 1)
 
     def lr(self, its):
-        return policies.steps_with_decay(its, self.s._base_lr, self.s._gamma, self.s._steps)
+        return policies.steps_with_decay(its, self.s.base_lr, self.s.gamma, self.s.steps)
 
     def decays(self):
-        return len(self.s._steps) - 1
+        return len(self.s.steps) - 1
 
 
 class StepsWithLrs(_StepList):
     name, keys = "steps_with_lrs", ("steps", "lrs")
 
     def values(self):
-        return np.asarray(self.s._lrs, dtype=np.float64)
+        return np.asarray(self.s.lrs, dtype=np.float64)
 
 
 class StepsWithRelativeLrs(_StepList):
     name, keys = "steps_with_relative_lrs", ("base_lr", "steps", "lrs")
 
     def values(self):
-        return np.array([float(lr) * self.s._base_lr for lr in self.s._lrs], dtype=np.float64)
+        return np.array([float(lr) * self.s.base_lr for lr in self.s.lrs], dtype=np.float64)
 
 
 class VariableStepsize(_Policy):
@@ -198,13 +198,13 @@ class VariableStepsize(_Policy):
     name, keys = "variable_stepsize", ("base_lr", "gamma", "step_sizes")
 
     def ends(self):
-        return policies.stage_ends(self.s._step_sizes)
+        return policies.stage_ends(self.s.step_sizes)
 
     def lr(self, its):
-        return policies.variable_stepsize(its, self.s._base_lr, self.s._gamma, self.s._step_sizes)
+        return policies.variable_stepsize(its, self.s.base_lr, self.s.gamma, self.s.step_sizes)
 
     def graph_lr(self, it, tf):
-        table = policies.decay_table(self.s._base_lr, self.s._gamma, 0, len(self.s._step_sizes))
+        table = policies.decay_table(self.s.base_lr, self.s.gamma, 0, len(self.s.step_sizes))
         return _tf_gather(table, _tf_index(it, self.ends(), tf), tf)
 
     def pieces(self):
@@ -212,13 +212,13 @@ class VariableStepsize(_Policy):
         return [Piece(start, stop, "constant") for start, stop in zip(starts, starts[1:] + [None])]
 
     def last_change(self):
-        return sum(self.s._step_sizes)
+        return sum(self.s.step_sizes)
 
     def boundaries(self):
         return self.ends()
 
     def decays(self):
-        return len(self.s._step_sizes)
+        return len(self.s.step_sizes)
 
 
 class Step(_Policy):
@@ -227,7 +227,7 @@ class Step(_Policy):
     name, keys = "step", ("base_lr", "gamma", "step_size", "max_iter")
 
     def lr(self, its):
-        return policies.step(its, self.s._base_lr, self.s._gamma, self.s._step_size, self.s._max_iter)
+        return policies.step(its, self.s.base_lr, self.s.gamma, self.s.step_size, self.s.max_iter)
 
     def graph_lr(self, it, tf):
         s = self.s
@@ -238,79 +238,79 @@ class Step(_Policy):
         return s._base_lr * tf.pow(tf.constant(s._gamma, tf.float64), tf.cast(exponent, tf.float64))
 
     def pieces(self):
-        if self.decays() == 0 or self.s._gamma == 1.0:
+        if self.decays() == 0 or self.s.gamma == 1.0:
             return [Piece(0, None, "constant")]
-        return [Piece(0, self.last_change() + 1, "stairs", self.s._step_size),
+        return [Piece(0, self.last_change() + 1, "stairs", self.s.step_size),
                 Piece(self.last_change() + 1, None, "constant")]
 
     def last_change(self):
-        return self.decays() * self.s._step_size
+        return self.decays() * self.s.step_size
 
     def decays(self):
-        return self.s._max_iter // self.s._step_size
+        return self.s.max_iter // self.s.step_size
 
     def boundaries(self):
-        return list(range(self.s._step_size, self.s._max_iter + 1, self.s._step_size))
+        return list(range(self.s.step_size, self.s.max_iter + 1, self.s.step_size))
 
     def critical_starts(self, warm_up_iters):
         # All decays last STEP_SIZE iterations, so the concavity in the decay count leaves the first and last
         # decays and those around WARM_UP_ITERS: a handful, whatever MAX_ITER / STEP_SIZE.
         last = self.decays()
-        around_warmup = warm_up_iters // self.s._step_size
+        around_warmup = warm_up_iters // self.s.step_size
         decays = {1, last, around_warmup - 1, around_warmup, around_warmup + 1}
-        return [decay * self.s._step_size for decay in decays if 1 <= decay <= last]
+        return [decay * self.s.step_size for decay in decays if 1 <= decay <= last]
 
 
 class _Continuous(_Policy):
     """A policy smooth (log-concave) on ``[0, MAX_ITER)`` and held from MAX_ITER on."""
 
     def pieces(self):
-        return [Piece(0, self.s._max_iter, "smooth"), Piece(self.s._max_iter, None, "constant")]
+        return [Piece(0, self.s.max_iter, "smooth"), Piece(self.s.max_iter, None, "constant")]
 
     def last_change(self):
-        return self.s._max_iter
+        return self.s.max_iter
 
 
 class CosineDecay(_Continuous):
     name, keys = "cosine_decay", ("base_lr", "max_iter")
 
     def lr(self, its):
-        return policies.cosine_decay(its, self.s._base_lr, self.s._max_iter)
+        return policies.cosine_decay(its, self.s.base_lr, self.s.max_iter)
 
     def graph_lr(self, it, tf):
-        cos_frac = tf.cos(np.pi * _tf_frac(it, self.s._max_iter, tf))
+        cos_frac = tf.cos(np.pi * _tf_frac(it, self.s.max_iter, tf))
         cos_frac = (cos_frac + 1) * 0.5
-        return self.s._base_lr * cos_frac
+        return self.s.base_lr * cos_frac
 
     def held_from(self):
-        return self.s._max_iter
+        return self.s.max_iter
 
 
 class ExpDecay(_Continuous):
     name, keys = "exp_decay", ("base_lr", "gamma", "max_iter")
 
     def lr(self, its):
-        return policies.exp_decay(its, self.s._base_lr, self.s._gamma, self.s._max_iter)
+        return policies.exp_decay(its, self.s.base_lr, self.s.gamma, self.s.max_iter)
 
     def graph_lr(self, it, tf):
-        log_gamma = float(np.log(self.s._gamma))  # numpy's log, as Detectron's np.log(GAMMA)
-        return self.s._base_lr * tf.exp(_tf_frac(it, self.s._max_iter, tf) * log_gamma)
+        log_gamma = float(np.log(self.s.gamma))  # numpy's log, as Detectron's np.log(GAMMA)
+        return self.s.base_lr * tf.exp(_tf_frac(it, self.s.max_iter, tf) * log_gamma)
 
 
 class Poly(_Continuous):
     name, keys = "poly", ("base_lr", "power", "max_iter")
 
     def lr(self, its):
-        return policies.poly(its, self.s._base_lr, self.s._max_iter, self.s._power)
+        return policies.poly(its, self.s.base_lr, self.s.max_iter, self.s.power)
 
     def graph_lr(self, it, tf):
-        remaining = 1.0 - _tf_frac(it, self.s._max_iter, tf)
-        if self.s._power != 1.0:
-            remaining = tf.pow(remaining, tf.constant(self.s._power, tf.float64))
-        return self.s._base_lr * remaining
+        remaining = 1.0 - _tf_frac(it, self.s.max_iter, tf)
+        if self.s.power != 1.0:
+            remaining = tf.pow(remaining, tf.constant(self.s.power, tf.float64))
+        return self.s.base_lr * remaining
 
     def held_from(self):
-        return self.s._max_iter
+        return self.s.max_iter
 
 
 #: Every policy class by its LR_POLICY name.
@@ -320,7 +320,7 @@ POLICY_CLASSES = {cls.name: cls for cls in (Step, StepsWithDecay, StepsWithLrs, 
 
 def policy_for(schedule):
     """The policy object of a ``Schedule`` (reads its private validated fields)."""
-    return POLICY_CLASSES[schedule._lr_policy](schedule)
+    return POLICY_CLASSES[schedule.lr_policy](schedule)
 
 
 def join_warmup(pieces, warm_up_iters, method, held_from=None):
@@ -479,8 +479,8 @@ class DetectronWarmup(_WarmupUntil):
     keys = ("warm_up_method", "warm_up_factor", "warm_up_iters")
 
     def __init__(self, schedule, policy):
-        self.method, self.iters, self.factor = (schedule._warm_up_method, schedule._warm_up_iters,
-                                                schedule._warm_up_factor)
+        self.method, self.iters, self.factor = (schedule.warm_up_method, schedule.warm_up_iters,
+                                                schedule.warm_up_factor)
         self.held_from = policy.held_from()
 
     def lr64(self, its, policy_lr64):
@@ -525,10 +525,10 @@ class VrdWarmup:
     keys = ("warm_up_iters", "warm_up_lr", "gradual_increase_lr", "gradual_lr_step", "gradual_lr_start")
 
     def __init__(self, schedule, policy):
-        self.iters, self.lr, self.base = schedule._warm_up_iters, schedule._warm_up_lr, schedule._base_lr
-        self.step, self.start = schedule._gradual_lr_step, schedule._gradual_lr_start
+        self.iters, self.lr, self.base = schedule.warm_up_iters, schedule.warm_up_lr, schedule.base_lr
+        self.step, self.start = schedule.gradual_lr_step, schedule.gradual_lr_start
         self.ramp_from, self.ramp_stop, self.ramp_lr = 0, 0, None  # 0-based [ramp_from, ramp_stop)
-        if schedule._gradual_increase_lr:
+        if schedule.gradual_increase_lr:
             if self.iters > 0:
                 count = int(math.ceil((self.base - self.lr) / self.step))
                 self.ramp_from, self.ramp_stop, self.ramp_lr = self.iters, self.iters + max(count, 0), self.lr
@@ -578,9 +578,9 @@ class VnlWarmup(_WarmupUntil):
     keys = ("warm_up_iters", "warm_up_lr")
 
     def __init__(self, schedule, policy):
-        self.iters = schedule._warm_up_iters
+        self.iters = schedule.warm_up_iters
         if self.iters > 0:
-            self.start32 = np.float32(schedule._warm_up_lr)
+            self.start32 = np.float32(schedule.warm_up_lr)
             end32 = np.float32(policy.lr(np.array([self.iters], dtype=np.int64))[0])
             self.diff = float(np.float32(end32 - self.start32))
 
