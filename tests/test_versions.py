@@ -1,9 +1,10 @@
 """One source of truth for the pinned stacks: scripts/versions.env, setup.py, docker/ and the installed packages agree.
 
 Every row of the support matrix (STACKS in versions.env) is checked; the default row's pins are the unprefixed
-names, another row's are STACK_<row>_<NAME> there, <NAME>_<ROW> in setup.py and ARG <NAME>_<row> in the
-Dockerfiles (row `tf2.20` -> `tf2_20`). Nothing here builds an image (no Docker daemon on the development
-machines); it reads the files.
+names, another row's are STACK_<row>_<NAME> there, <NAME>_<ROW> in setup.py and ARG HVD_SCHED_<NAME>_<row> in
+the Dockerfiles (row `tf2.20` -> `tf2_20`; the HVD_SCHED_ prefix because a base image's ENV of the same name,
+e.g. the python images' PYTHON_VERSION=3.11.x, shadows a stage's ARG under podman/buildah). Nothing here builds
+an image (no Docker daemon on the development machines); it reads the files.
 """
 
 import importlib.metadata
@@ -18,6 +19,13 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCKERFILES = {"gpu": ROOT / "docker" / "Dockerfile", "cpu": ROOT / "docker" / "Dockerfile.cpu"}
 PINNED = ("PYTHON_VERSION", "TENSORFLOW_VERSION", "HOROVOD_VERSION")
+DOCKER_ARG_PREFIX = "HVD_SCHED_"  # the stages' ARGs: PINNED names with this prefix
+# Version ENVs the base images set (python:3.x-slim: PYTHON_VERSION, PYTHON_SHA256, GPG_KEY; nvidia/cuda:
+# CUDA_VERSION, NCCL_VERSION, NV_CUDNN_VERSION, ...): a stage's ARG of one of these names is shadowed under
+# podman/buildah, so `${NAME}` there means the base image's value, never the pin; the pins' old unprefixed names
+# are listed too. (PATH is extended on purpose.)
+BASE_IMAGE_ENV = ("PYTHON_VERSION", "PYTHON_SHA256", "GPG_KEY", "CUDA_VERSION", "CUDNN_VERSION", "NCCL_VERSION",
+                  "TENSORFLOW_VERSION", "HOROVOD_VERSION")
 
 
 def _versions_env():
@@ -36,9 +44,20 @@ def _setup_constant(name):
     return match.group(1)
 
 
+def _has_setup_constant(name):
+    return re.search(rf"^{name} = ", (ROOT / "setup.py").read_text(), re.MULTILINE) is not None
+
+
 def _dockerfile_args(path):
     """Every `ARG NAME=default` of a Dockerfile (the last one wins, as for Docker's own re-declarations)."""
     return dict(re.findall(r"^ARG\s+(\w+)=(\S+)\s*$", path.read_text(), re.MULTILINE))
+
+
+def _stage_args(path):
+    """The names of the ARGs declared inside build stages (after the first FROM), where a base image's ENV wins."""
+    text = path.read_text()
+    stages = text[re.search(r"^FROM ", text, re.MULTILINE).start():]
+    return re.findall(r"^ARG\s+(\w+)", stages, re.MULTILINE)
 
 
 def _run_lines(path):
@@ -49,8 +68,9 @@ def _run_lines(path):
 ENV = _versions_env()
 STACKS = ENV["STACKS"].split()
 DEFAULT = STACKS[0]
-ROW_VARS = ("PYTHON_VERSION", "TENSORFLOW_CPU_VERSION", "TENSORFLOW_VERSION", "TF_KERAS_VERSION", "HOROVOD_VERSION",
-            "NUMPY_SPEC", "HOROVOD_NO_XLA", "LEGACY_KERAS", "CUDA_VERSION", "CUDNN_VERSION", "CUDA_IMAGE")
+ROW_VARS = ("PYTHON_VERSION", "TENSORFLOW_CPU_VERSION", "TENSORFLOW_VERSION", "TF_KERAS_VERSION", "KERAS_VERSION",
+            "HOROVOD_VERSION", "NUMPY_SPEC", "HOROVOD_NO_XLA", "LEGACY_KERAS", "CUDA_VERSION", "CUDNN_VERSION",
+            "CUDA_IMAGE")
 
 
 def _suffix(stack):
@@ -72,11 +92,20 @@ def _row_name(name, stack, upper=False):
 
 
 def _running_stack():
-    """The row this interpreter belongs to: HVD_SCHED_STACK (the Makefile exports it), else by Python version."""
+    """The row this interpreter belongs to: HVD_SCHED_STACK (the Makefile exports it), else the row whose virtual
+    environment this is (.venv, .venv-NAME), else by Python version and, where two rows share a Python (tf2.20,
+    keras3), by TF_USE_LEGACY_KERAS."""
     if os.environ.get("HVD_SCHED_STACK") in STACKS:
         return os.environ["HVD_SCHED_STACK"]
+    venv = pathlib.Path(sys.prefix).name
+    for stack in STACKS:
+        if venv == (".venv" if stack == DEFAULT else f".venv-{stack}"):
+            return stack
     python = "%d.%d" % sys.version_info[:2]
-    return next((stack for stack in STACKS if _row(stack)["PYTHON_VERSION"] == python), DEFAULT)
+    candidates = [stack for stack in STACKS if _row(stack)["PYTHON_VERSION"] == python]
+    legacy = "1" if os.environ.get("TF_USE_LEGACY_KERAS") in ("1", "true", "True") else "0"
+    return next((stack for stack in candidates if _row(stack)["LEGACY_KERAS"] == legacy),
+                candidates[0] if candidates else DEFAULT)
 
 
 def test_versions_env_pins_the_stack():
@@ -102,12 +131,19 @@ def test_stacks_rows_are_complete_and_the_default_is_first():
         row = _row(stack)
         assert row["TENSORFLOW_CPU_VERSION"] == row["TENSORFLOW_VERSION"], stack
         major_minor = tuple(int(part) for part in row["TENSORFLOW_VERSION"].split(".")[:2])
-        # TensorFlow >= 2.16: Keras 2 only as tf-keras of the same minor version, with TF_USE_LEGACY_KERAS=1.
         if major_minor >= (2, 16):
-            assert row["TF_KERAS_VERSION"].split(".")[:2] == row["TENSORFLOW_VERSION"].split(".")[:2], stack
-            assert row["LEGACY_KERAS"] == "1", stack
+            # TensorFlow >= 2.16 depends on Keras 3 on every row: pinned. Keras 2 only as tf-keras of the same minor
+            # version with TF_USE_LEGACY_KERAS=1 (LEGACY_KERAS=1); a Keras 3 row has no tf-keras at all.
+            assert row["KERAS_VERSION"].split(".")[0] == "3", stack
+            assert row["LEGACY_KERAS"] in ("0", "1"), stack
+            if row["LEGACY_KERAS"] == "1":
+                assert row["TF_KERAS_VERSION"].split(".")[:2] == row["TENSORFLOW_VERSION"].split(".")[:2], stack
+            else:
+                assert row["TF_KERAS_VERSION"] == "", stack
         else:
+            # Keras 2 built in, its `keras` package pinned by TensorFlow itself.
             assert row["TF_KERAS_VERSION"] == "" and row["LEGACY_KERAS"] == "0", stack
+            assert row["KERAS_VERSION"] == "", stack
         assert row["HOROVOD_NO_XLA"] in ("0", "1"), stack
         if stack != DEFAULT:
             assert any(f"STACK_{_suffix(stack)}_" in key for key in ENV), f"row {stack} has no pins of its own"
@@ -123,11 +159,29 @@ def test_stack_sh_resolves_rows_as_this_test_does(stack):
     assert venv == (".venv" if stack == DEFAULT else f".venv-{stack}")
 
 
+def test_the_keras3_row_is_keras_3_on_the_tf2_20_rows_horovod_wheel():
+    keras3, tf2_20 = _row("keras3"), _row("tf2.20")
+    assert keras3["LEGACY_KERAS"] == "0" and keras3["TF_KERAS_VERSION"] == "" and keras3["KERAS_VERSION"] == "3.15.1"
+    # install.sh's wheel key is made of these and nothing row-specific, so the two rows share one built wheel
+    # (horovod-0.28.1-noxla-tf2.20.0-py3.12-gloo-x86_64).
+    for var in ("PYTHON_VERSION", "TENSORFLOW_VERSION", "HOROVOD_VERSION", "HOROVOD_NO_XLA", "KERAS_VERSION"):
+        assert keras3[var] == tf2_20[var], var
+    key_line = next(line for line in (ROOT / "scripts" / "install.sh").read_text().splitlines()
+                    if line.startswith("key="))
+    assert set(re.findall(r"\$(\w+)", key_line)) == {"HOROVOD_VERSION", "src_change", "TENSORFLOW_VERSION",
+                                                     "PYTHON_VERSION", "hvd_ops"}, key_line
+
+
 @pytest.mark.parametrize("stack", [stack for stack in STACKS if stack != DEFAULT])
 def test_setup_py_pins_every_newer_row(stack):
     row = _row(stack)
     assert _setup_constant(_row_name("TENSORFLOW_VERSION", stack, upper=True)) == row["TENSORFLOW_VERSION"]
-    assert _setup_constant(_row_name("TF_KERAS_VERSION", stack, upper=True)) == row["TF_KERAS_VERSION"]
+    for var in ("TF_KERAS_VERSION", "KERAS_VERSION"):
+        name = _row_name(var, stack, upper=True)
+        if row[var]:
+            assert _setup_constant(name) == row[var], name
+        else:
+            assert not _has_setup_constant(name), f"setup.py has {name}, versions.env row {stack} pins no {var}"
     assert f"python_version >= '{row['PYTHON_VERSION']}'" in (ROOT / "setup.py").read_text()
 
 
@@ -144,10 +198,21 @@ def test_dockerfile_rows_equal_versions_env(kind, stack):
     assert args["STACK"] == DEFAULT
     assert re.search(rf"^FROM \S+ AS stack-{re.escape(stack)}$", text, re.MULTILINE), f"no stage for {stack}"
     for name in PINNED:
-        arg = _row_name(name, stack)
+        arg = _row_name(DOCKER_ARG_PREFIX + name, stack)
         assert args.get(arg) == _row(stack)[name], f"{DOCKERFILES[kind].name}: ARG {arg}={args.get(arg)}, " \
                                                  f"versions.env {stack} {name}={_row(stack)[name]}"
     assert "FROM stack-${STACK}" in text
+
+
+@pytest.mark.parametrize("kind", sorted(DOCKERFILES))
+def test_stage_args_are_named_so_no_base_image_env_shadows_them(kind):
+    """Under podman/buildah a base image's ENV wins over a stage's ARG of the same name (the python images' ENV
+    PYTHON_VERSION=3.11.x broke the Python check: AssertionError: ('3.11.2 (main, ...)', '3.11.2'))."""
+    names = _stage_args(DOCKERFILES[kind])
+    assert names and all(name == "STACK" or name.startswith(DOCKER_ARG_PREFIX) for name in names), names
+    text = DOCKERFILES[kind].read_text()
+    used = [name for name in BASE_IMAGE_ENV if re.search(rf"\$\{{?{name}\b", text)]
+    assert not used, f"{DOCKERFILES[kind].name} reads the base image's {used}"
 
 
 @pytest.mark.parametrize("stack", STACKS)
@@ -178,8 +243,9 @@ def test_dockerfiles_set_legacy_keras_only_on_newer_rows(kind):
 @pytest.mark.parametrize("name", PINNED)
 def test_dockerfile_arg_defaults_equal_versions_env(kind, name):
     args = _dockerfile_args(DOCKERFILES[kind])
-    assert args.get(name) == ENV[name], f"{DOCKERFILES[kind].name}: ARG {name}={args.get(name)}, " \
-                                        f"versions.env {name}={ENV[name]}"
+    arg = DOCKER_ARG_PREFIX + name
+    assert args.get(arg) == ENV[name], f"{DOCKERFILES[kind].name}: ARG {arg}={args.get(arg)}, " \
+                                       f"versions.env {name}={ENV[name]}"
 
 
 @pytest.mark.parametrize("kind", sorted(DOCKERFILES))
@@ -219,14 +285,18 @@ def test_dockerfiles_run_horovodrun_from_the_repository(kind):
 
 
 @pytest.mark.parametrize("dist, key", [("tensorflow-cpu", "TENSORFLOW_CPU_VERSION"), ("horovod", "HOROVOD_VERSION"),
-                                       ("tf-keras", "TF_KERAS_VERSION")])
+                                       ("tf-keras", "TF_KERAS_VERSION"), ("keras", "KERAS_VERSION")])
 def test_installed_packages_match_the_pins(dist, key):
     row = _row(_running_stack())
     try:
         installed = importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         if dist == "tf-keras" and not row[key]:
-            return  # Keras 2 is built into this row's TensorFlow
+            return  # Keras 2 is built into this row's TensorFlow, or the row is Keras 3
         pytest.skip(f"{dist} is not installed here (e.g. a GPU image has tensorflow instead)")
+    if dist == "keras" and not row[key]:
+        # Not pinned by the row: TensorFlow 2.15 pins its own keras 2.15.
+        assert installed.split(".")[:2] == row["TENSORFLOW_VERSION"].split(".")[:2], f"stack {_running_stack()}"
+        return
     assert installed == row[key], f"stack {_running_stack()}"
     assert "%d.%d" % sys.version_info[:2] == row["PYTHON_VERSION"]
