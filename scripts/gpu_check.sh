@@ -78,7 +78,8 @@ step() {  # step NAME COMMAND...: runs COMMAND with its output in OUT/NAME.log; 
 step install env HVD_SCHED_GPU=1 HVD_SCHED_STACK="$STACK" bash scripts/install.sh "$venv"
 py="$venv/bin/python"
 hvdrun="$venv/bin/horovodrun"
-[ "$LEGACY_KERAS" = 1 ] && export TF_USE_LEGACY_KERAS=1
+# The row decides what tf.keras is (as in the Makefile): tf-keras under TF_USE_LEGACY_KERAS=1, Keras 3 on keras3.
+if [ "$LEGACY_KERAS" = 1 ]; then export TF_USE_LEGACY_KERAS=1; else unset TF_USE_LEGACY_KERAS; fi
 export HVD_SCHED_STACK="$STACK" TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}" PYTHONUNBUFFERED=1
 # Several ranks share the GPUs in the multi-rank tests: no process may take all of a GPU's memory up front.
 export TF_FORCE_GPU_ALLOW_GROWTH=true
