@@ -3,9 +3,9 @@
 Every module under ``hvd_sched/`` (``hvd_sched/keras/`` included) is checked on its own, so a failure names it:
 
 - no import circle (module-level and function-local imports alike);
-- no import of another module's private name (``from .x import _name``, ``x._name``); importing a private
-  *module* (``from . import _validation``) is fine, and names taken from a module must be public names of it
-  (its ``__all__`` where it has one);
+- no import of another module's private name (``from .x import _name``, or ``x._name`` where an import bound
+  ``x`` to a package module); importing a private *module* (``from . import _validation``) is fine, and names
+  taken from a module must be public names of it (its ``__all__`` where it has a literal one);
 - imports point down the layer table ``LAYERS`` only (docs/architecture.md describes the floors).
 """
 
@@ -103,17 +103,43 @@ def imports_of(module, path, modules):
     return found, private_reads
 
 
+def _is_dunder(name):
+    return name.startswith("__") and name.endswith("__")
+
+
 def _is_private(name):
-    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+    return name.startswith("_") and not _is_dunder(name)
 
 
 def public_names(path):
-    """A module's ``__all__`` (a literal list or tuple), or None when it has none."""
+    """A module's ``__all__`` when it is a literal list or tuple, else None (none, or computed: unknown here)."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
-            return set(ast.literal_eval(node.value))
+            try:
+                return set(ast.literal_eval(node.value))
+            except ValueError:
+                return None
     return None
+
+
+def private_name_problems(module, modules):
+    """Each private name ``module`` takes from another module, and each name missing from that module's
+    ``__all__``, as one line of text."""
+    found, private_reads = imports_of(module, modules[module], modules)
+    problems = []
+    for item in found:
+        if item.name is None or item.target == module:
+            continue
+        if _is_private(item.name):
+            problems.append(f"{item!r} (a private name of {item.target})")
+        elif item.name != "*" and not _is_dunder(item.name) and item.target in modules:
+            # A star import takes __all__ itself; a dunder (__version__, __all__) is the module's own.
+            exported = public_names(modules[item.target])
+            if exported is not None and item.name not in exported:
+                problems.append(f"{item!r} (not in {item.target}.__all__)")
+    problems += [f"line {line}: reads {read} (a private name of another module)" for line, read in private_reads]
+    return problems
 
 
 def import_graph(modules):
@@ -171,16 +197,7 @@ def test_no_import_circle(module):
 
 @pytest.mark.parametrize("module", sorted(MODULES))
 def test_no_private_names_across_modules(module):
-    found, private_reads = imports_of(module, MODULES[module], MODULES)
-    problems = [f"{item!r} (a private name of {item.target})" for item in found
-                if item.name is not None and item.target != module and _is_private(item.name)]
-    for item in found:
-        if item.name is None or _is_private(item.name) or item.target == module or item.target not in MODULES:
-            continue
-        exported = public_names(MODULES[item.target])
-        if exported is not None and item.name not in exported:
-            problems.append(f"{item!r} (not in {item.target}.__all__)")
-    problems += [f"line {line}: reads {read} (a private name of another module)" for line, read in private_reads]
+    problems = private_name_problems(module, MODULES)
     assert not problems, f"{module} reaches into other modules' private names:\n" + "\n".join(problems)
 
 
@@ -227,6 +244,9 @@ def test_the_checker_finds_a_function_local_circle_and_private_names(tmp_path):
         "sub/__init__.py": "",
         "sub/high.py": "from ..low import _secret, public\nfrom .. import low as base\nthing = base._secret\n"
                        "import pkg.low\n",
+        "star.py": "from .low import *\nfrom .low import __all__\n",
+        "computed.py": "from .star import __all__ as _names\n__all__ = [*_names, 'more']\nmore = 1\n",
+        "user.py": "from .computed import more\n",
     })
     graph = import_graph(modules)
     assert set(graph["pkg.low"]) == {"pkg.sub.high"}
@@ -236,6 +256,11 @@ def test_the_checker_finds_a_function_local_circle_and_private_names(tmp_path):
     assert [(item.target, item.name) for item in found if item.name] == [("pkg.low", "_secret"), ("pkg.low", "public")]
     assert private_reads == [(3, "base._secret")]
     assert cycle_through(import_graph({"pkg.low": modules["pkg.low"]}), "pkg.low") is None
+    assert set(graph["pkg.star"]) == {"pkg.low"} and private_name_problems("pkg.star", modules) == []
+    assert private_name_problems("pkg.user", modules) == []  # a computed __all__ is not read
+    assert private_name_problems("pkg.sub.high", modules) == [
+        "line 1: pkg.low import _secret (a private name of pkg.low)",
+        "line 3: reads base._secret (a private name of another module)"]
 
 
 def test_floor_table():
