@@ -25,15 +25,19 @@ Example:
 
 from hvd_sched import _compat  # noqa: F401  (first: stack check; keras -> tf_keras on TF >= 2.16; before Horovod)
 
+from ._backend import KERAS_MAJOR
 from .build import build_optimizer, describe_optimizer, parameter_groups
 from .callbacks import LearningRateLogger, ScheduleCallback, horovod_callbacks
-from .elastic import ElasticLRScaler
 from .checkpoint import EpochCheckpoint, latest_checkpoint, restore_latest
+from .distributed import AverageMetrics, BroadcastVariables, DistributedCheck, DistributedOptimizer
+from .elastic import ElasticLRScaler
 from .guards import NonFiniteLossError, RankConsistencyCheck, RankMismatchError, StopOnNonFinite
 from .lr_schedule import ScheduleLR
-from .optimizer import ScheduledOptimizer, custom_objects, is_scheduled, load_model, scheduled_class
+from .optimizer import ScheduledOptimizer, custom_objects, is_scheduled, load_model, scheduled_class, scheduled_of
 
-__all__ = ["ScheduledOptimizer", "ScheduleCallback", "LearningRateLogger", "horovod_callbacks", "ScheduleLR",
-           "is_scheduled", "scheduled_class", "custom_objects", "load_model", "EpochCheckpoint", "latest_checkpoint",
-           "restore_latest", "StopOnNonFinite", "RankConsistencyCheck", "NonFiniteLossError", "RankMismatchError",
-           "ElasticLRScaler", "build_optimizer", "describe_optimizer", "parameter_groups"]
+__all__ = ["ScheduledOptimizer", "DistributedOptimizer", "ScheduleCallback", "LearningRateLogger",
+           "horovod_callbacks", "ScheduleLR", "is_scheduled", "scheduled_of", "scheduled_class", "custom_objects",
+           "load_model", "EpochCheckpoint", "latest_checkpoint", "restore_latest", "StopOnNonFinite",
+           "RankConsistencyCheck", "NonFiniteLossError", "RankMismatchError", "DistributedCheck",
+           "BroadcastVariables", "AverageMetrics", "ElasticLRScaler", "build_optimizer", "describe_optimizer",
+           "parameter_groups", "KERAS_MAJOR"]

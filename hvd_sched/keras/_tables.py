@@ -14,7 +14,8 @@ import tensorflow as tf
 from ..momentum import graph_correction_factor
 from ..schedules import Schedule
 
-__all__ = ["as_schedule", "graph_lr", "graph_factor", "correction_table", "MAX_CORRECTION_TABLE"]
+__all__ = ["as_schedule", "graph_lr", "graph_factor", "graph_factor_since", "correction_table",
+           "MAX_CORRECTION_TABLE"]
 
 
 def as_schedule(schedule):
@@ -91,3 +92,34 @@ def _lookup_factor(step, iterations, factors, max_compared=_MAX_COMPARED):
     values = tf.constant(np.append(factors, 1.0).astype(np.float32))
     index = tf.searchsorted(keys, tf.reshape(step, [1]), side="left")[0]
     return tf.where(tf.equal(tf.gather(keys, index), step), tf.gather(values, index), tf.constant(1.0, tf.float32))
+
+
+def graph_factor_since(schedule, last, step, mode, threshold, table=None):
+    """The factor of every correction due after iteration `last` up to `step`, for a step applied after skipped ones.
+
+    A Keras 2 LossScaleOptimizer that skips a step (non-finite gradients) still advances `iterations`, so a
+    correction due at a skipped iteration would never reach the slots; the next applied step takes it instead:
+    the product of the corrections at `last < it <= step` (the slots did not move in between). `last` < 0 means
+    unknown (a fresh or restored optimizer): `step - 1`, i.e. `graph_factor`. Without a table, the rule compares
+    the LRs of `last` and `step`.
+    """
+    step = tf.cast(tf.convert_to_tensor(step), tf.int64)
+    last = tf.cast(tf.convert_to_tensor(last), tf.int64)
+    last = tf.where(last < 0, step - 1, last)
+    if table is None:
+        new64 = schedule.graph_lr64(step, tf)
+        cur64 = schedule.graph_lr64(tf.maximum(last, 0), tf)
+        new, cur = tf.cast(new64, tf.float32), tf.cast(cur64, tf.float32)
+        factor = graph_correction_factor(cur, new, mode, threshold, tf, cur64, new64)
+        return tf.where(last >= 0, factor, tf.constant(1.0, tf.float32))
+    iterations, factors = table
+    if iterations.size == 0:
+        return tf.constant(1.0, tf.float32)
+    if iterations.size <= _MAX_COMPARED:
+        keys = tf.constant(iterations)
+        due = tf.logical_and(keys > last, keys <= step)
+        return tf.reduce_prod(tf.where(due, tf.constant(factors), tf.constant(1.0, tf.float32)))
+    # The corrections in (last, step] are a contiguous run of the sorted table: two binary searches, one product.
+    keys = tf.constant(iterations)
+    bounds = tf.searchsorted(keys, tf.stack([last, step]), side="right")
+    return tf.reduce_prod(tf.slice(tf.constant(factors), bounds[:1], bounds[1:] - bounds[:1]))

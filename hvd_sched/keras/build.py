@@ -27,36 +27,21 @@ first match wins), kept by `get_config`, so `hvd.DistributedOptimizer`'s rebuild
 `hvd_sched.keras.load_model` and `tf.train.Checkpoint` keep them.
 """
 
-import math
 import re
 
-import tensorflow as tf
-
-from .. import Schedule, from_detectron
-from . import optimizer as _optimizer
+from .. import Schedule, _validation, from_detectron
+from . import _backend
+from .optimizer import ScheduledOptimizer, scheduled_of
 
 __all__ = ["build_optimizer", "describe_optimizer", "parameter_groups"]
 
-_NORM_LAYERS = (tf.keras.layers.GroupNormalization, tf.keras.layers.BatchNormalization,
-                tf.keras.layers.LayerNormalization)
+_keras = _backend.keras
+_NORM_LAYERS = (_keras.layers.GroupNormalization, _keras.layers.BatchNormalization, _keras.layers.LayerNormalization)
 _GROUP_NOUNS = {"kernel": "kernels", "bias": "biases", "norm_scale": "norm scales"}
 
 
-def _number(argument, value, *, allow_none=False, say_none=None):
-    say_none = allow_none if say_none is None else say_none
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"Argument `{argument}` must be a number{' or None' if say_none else ''}. "
-                        f"Received: {argument}={value!r} ({type(value).__name__})")
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"Argument `{argument}` must be a finite number >= 0"
-                         f"{' or None' if say_none else ''}. Received: {argument}={value!r}")
-    return float(value)
-
-
 def _check_model(model):
-    if not isinstance(model, tf.keras.Model):
+    if not isinstance(model, _keras.Model):
         raise TypeError(f"Argument `model` must be a tf.keras.Model. Received: model={model!r} "
                         f"({type(model).__name__})")
     if not model.built:
@@ -86,16 +71,16 @@ def parameter_groups(model):
     _check_model(model)
     tagged = {}
     for layer in [model, *model.submodules]:
-        if not isinstance(layer, tf.keras.layers.Layer):
+        if not isinstance(layer, _keras.layers.Layer):
             continue
         if isinstance(layer, _NORM_LAYERS):
             for attribute, group in (("gamma", "norm_scale"), ("beta", "norm_shift")):
                 variable = getattr(layer, attribute, None)
-                if isinstance(variable, tf.Variable):
+                if _backend.is_variable(variable):
                     tagged[id(variable)] = group
         else:
             bias = getattr(layer, "bias", None)
-            if isinstance(bias, tf.Variable):
+            if _backend.is_variable(bias):
                 tagged.setdefault(id(bias), "bias")
     groups = {"kernel": [], "bias": [], "norm_scale": [], "norm_shift": []}
     for variable in model.trainable_variables:
@@ -104,7 +89,7 @@ def parameter_groups(model):
 
 
 def _names_regex(variables):
-    return "^(?:" + "|".join(re.escape(v.name) for v in variables) + ")$"
+    return "^(?:" + "|".join(re.escape(_backend.variable_name(v)) for v in variables) + ")$"
 
 
 def _solver_schedule(solver, world_size, steps_per_epoch, dialect):
@@ -133,7 +118,7 @@ def _dialect_rules(schedule, model, groups, bias_lr_factor, bias_weight_decay, n
     dialect, decay = schedule.dialect, float(schedule.weight_decay)
     if dialect == "video_nonlocal":
         batch_norm = {id(v) for layer in [model, *model.submodules]
-                      if isinstance(layer, tf.keras.layers.BatchNormalization) for v in layer.trainable_weights}
+                      if isinstance(layer, _keras.layers.BatchNormalization) for v in layer.trainable_weights}
         norm = groups["norm_shift"] + groups["norm_scale"]
         bn_decay = schedule.weight_decay_bn if norm_weight_decay is None else norm_weight_decay
         return [(groups["bias"], decay if bias_weight_decay is None else bias_weight_decay,
@@ -201,9 +186,10 @@ def build_optimizer(solver, model, *, world_size=None, steps_per_epoch=None, dia
         ValueError: an unbuilt model or one without trainable variables, an option out of range, a bad config.
     """
     # None (the dialect's default) is allowed but not advertised: a number is what a user means to pass.
-    bias_lr_factor = _number("bias_lr_factor", bias_lr_factor, allow_none=True, say_none=False)
-    bias_weight_decay = _number("bias_weight_decay", bias_weight_decay, allow_none=True, say_none=False)
-    norm_weight_decay = _number("norm_weight_decay", norm_weight_decay, allow_none=True)
+    number = _validation.argument_number
+    bias_lr_factor = number("bias_lr_factor", bias_lr_factor, allow_none=True, say_none=False)
+    bias_weight_decay = number("bias_weight_decay", bias_weight_decay, allow_none=True, say_none=False)
+    norm_weight_decay = number("norm_weight_decay", norm_weight_decay, allow_none=True)
     groups = parameter_groups(model)
     schedule = _solver_schedule(solver, world_size, steps_per_epoch, dialect)
 
@@ -217,8 +203,8 @@ def build_optimizer(solver, model, *, world_size=None, steps_per_epoch=None, dia
     if groups["kernel"]:
         weight_decays[""] = float(schedule.weight_decay)
 
-    sgd = tf.keras.optimizers.SGD(momentum=schedule.momentum, nesterov=schedule.nesterov)
-    opt = _optimizer.ScheduledOptimizer(sgd, schedule, momentum_correction=momentum_correction,
+    sgd = _keras.optimizers.SGD(momentum=schedule.momentum, nesterov=schedule.nesterov)
+    opt = ScheduledOptimizer(sgd, schedule, momentum_correction=momentum_correction,
                                         correction_threshold=correction_threshold,
                                         lr_multipliers=lr_multipliers or None, weight_decays=weight_decays,
                                         log_corrections=log_corrections)
@@ -232,7 +218,7 @@ def _check_resolution(opt, model, rules, kernel_decay, kernels):
     wanted = {id(v): (kernel_decay, 1.0) for v in kernels}
     for variables, decay, factor in rules:
         wanted.update({id(v): (decay, factor) for v in variables})
-    wrong = [v.name for v in model.trainable_variables
+    wrong = [_backend.variable_name(v) for v in model.trainable_variables
              if (opt.weight_decay_for(v), opt.lr_multiplier_for(v)) != wanted[id(v)]]
     if wrong:
         raise ValueError(f"Argument `model` has variables whose names do not identify them: {sorted(set(wrong))} "
@@ -251,8 +237,9 @@ def describe_optimizer(optimizer, model):
     Returns:
         The summary string.
     """
-    if not _optimizer.is_scheduled(optimizer):
+    if scheduled_of(optimizer) is None:
         raise TypeError(f"Argument `optimizer` must be a ScheduledOptimizer. Received: {type(optimizer).__name__}")
+    optimizer = scheduled_of(optimizer)
     groups = parameter_groups(model)
     shifts = {id(v) for v in groups["norm_shift"]}
     parts = []

@@ -6,12 +6,13 @@ schedule where the checkpoint left it.
 
 import sys
 
-import tensorflow as tf
-
-from . import _slots
 from ..momentum import correction_factor
+from . import _backend, _slots
 from ._tables import as_schedule
-from .optimizer import is_scheduled
+from ._tracking import IterationTracker
+from .distributed import distributed_callbacks
+from .guards import RankConsistencyCheck, StopOnNonFinite
+from .optimizer import is_scheduled, scheduled_of
 
 __all__ = ["ScheduleCallback", "LearningRateLogger", "horovod_callbacks"]
 
@@ -25,24 +26,7 @@ def _say_correction(iteration, old_lr, new_lr, factor):
               f"momentum slots scaled by {factor:.6g}", file=sys.stdout, flush=True)
 
 
-class _IterationTracker(tf.keras.callbacks.Callback):
-    """Knows the global iteration of each batch without reading the device every batch."""
-
-    def __init__(self):
-        super().__init__()
-        self._epoch_start = 0
-
-    def _read_iterations(self):
-        return int(tf.keras.backend.get_value(self.model.optimizer.iterations))
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._epoch_start = self._read_iterations()
-
-    def _iteration(self, batch):
-        return self._epoch_start + int(batch)
-
-
-class ScheduleCallback(_IterationTracker):
+class ScheduleCallback(IterationTracker):
     """Sets the optimizer's LR from `schedule` at each batch and rescales its momentum slots when due.
 
     For users who keep their own optimizer (e.g. `hvd.DistributedOptimizer(tf.keras.optimizers.SGD(...))`).
@@ -76,18 +60,18 @@ class ScheduleCallback(_IterationTracker):
         self._rule = ("off", 1.0)
         self._last_lr = None
         self._lr = None
+        self._corrected_at = None
 
     def on_train_begin(self, logs=None):
         optimizer = self.model.optimizer
         if is_scheduled(optimizer):
             raise ValueError("the optimizer is a ScheduledOptimizer, which already follows its schedule; use "
                              "ScheduleCallback with a plain optimizer, or LearningRateLogger for logging only")
-        if not isinstance(optimizer.learning_rate, tf.Variable):
+        if _backend.learning_rate_variable(optimizer) is None:
             raise TypeError(f"ScheduleCallback sets the optimizer's learning rate, which must be a float, got "
-                            f"{type(optimizer.learning_rate).__name__}; create the optimizer with a float "
-                            "learning_rate")
-        steps_per_execution = getattr(self.model, "_steps_per_execution", None)
-        if steps_per_execution is not None and int(tf.keras.backend.get_value(steps_per_execution)) != 1:
+                            f"{type(_backend.unwrap(optimizer).learning_rate).__name__}; create the optimizer "
+                            "with a float learning_rate")
+        if _backend.steps_per_execution(self.model) != 1:
             raise ValueError("ScheduleCallback sets the LR once per batch and needs model.compile("
                              "steps_per_execution=1); use ScheduledOptimizer, which schedules in-graph")
         mode = _slots.resolve_correction_mode(optimizer, self.schedule, self.momentum_correction)
@@ -95,20 +79,24 @@ class ScheduleCallback(_IterationTracker):
                      else float(self.correction_threshold))
         self._rule = (mode, threshold)
         self._last_lr = None
+        self._corrected_at = None
 
     def on_train_batch_begin(self, batch, logs=None):
-        it = self._iteration(batch)
+        it = self._iteration_begin(batch)
         lr = self.schedule.lr_at(it)
         optimizer = self.model.optimizer
         if lr != self._last_lr:
-            optimizer.learning_rate.assign(lr)
+            _backend.learning_rate_variable(optimizer).assign(lr)
             self._last_lr = lr
         old_lr = self.schedule.lr_at(it - 1) if it > 0 else 0.0  # Detectron's LR blob is 0 before iteration 0
         factor = correction_factor(old_lr, lr, *self._rule) if self._rule[0] != "off" else None
-        if factor is not None:
+        # Once per iteration: a step skipped for non-finite gradients (Keras 3 mixed precision) runs again at the
+        # same iteration, and its slots were already rescaled.
+        if factor is not None and it != self._corrected_at:
             factor = float(factor)
-            for slot in _slots.all_momentum_slots(optimizer):
-                slot.assign(slot * tf.cast(factor, slot.dtype))
+            for slot in _backend.all_momentum_slots(optimizer):
+                _backend.scale_variable(slot, factor)
+            self._corrected_at = it
             if self.verbose:
                 _say_correction(it, old_lr, lr, factor)
         self._lr = lr
@@ -122,7 +110,7 @@ class ScheduleCallback(_IterationTracker):
             logs[LOG_KEY] = self._lr
 
 
-class LearningRateLogger(_IterationTracker):
+class LearningRateLogger(IterationTracker):
     """Writes the scheduled LR into Keras' batch and epoch logs (key `learning_rate`) for History/TensorBoard.
 
     Use it with `ScheduledOptimizer` (whose LR lives in the graph). The value of a batch is
@@ -138,24 +126,25 @@ class LearningRateLogger(_IterationTracker):
         super().__init__()
         self.schedule = None if schedule is None else as_schedule(schedule)
         self.per_batch = per_batch
-        self._last_batch = None
+        self._next = 0
+        self._last = None
         self._rule = None  # (mode, threshold) of the corrections to announce, or None
         if not per_batch:
             # Keras skips batch hooks still marked as the default, which keeps the training loop fast.
-            self.on_train_batch_end = tf.keras.callbacks.Callback.on_train_batch_end.__get__(self)
+            self.on_train_batch_end = _backend.keras.callbacks.Callback.on_train_batch_end.__get__(self)
 
     def on_train_begin(self, logs=None):
-        optimizer = self.model.optimizer
+        scheduled = scheduled_of(self.model.optimizer)
         if self.schedule is None:
-            if not is_scheduled(optimizer):
+            if scheduled is None:
                 raise ValueError("LearningRateLogger() without a schedule needs a model compiled with a "
-                                 "ScheduledOptimizer; pass the schedule explicitly otherwise")
-            self.schedule = optimizer.schedule
+                                 "ScheduledOptimizer (also inside a LossScaleOptimizer); pass the schedule "
+                                 "explicitly otherwise")
+            self.schedule = scheduled.schedule
         # The corrections a ScheduledOptimizer makes in-graph, announced from here (rank 0, one line each).
         self._rule = None
-        if is_scheduled(optimizer) and optimizer.schedule == self.schedule and optimizer._hvd_sched.log_corrections \
-                and optimizer._hvd_sched.has_corrections:
-            self._rule = (optimizer._hvd_sched.mode, optimizer._hvd_sched.threshold)
+        if scheduled is not None and scheduled.schedule == self.schedule and scheduled.logs_corrections:
+            self._rule = (scheduled.momentum_correction_mode, scheduled.correction_threshold_in_force)
 
     def _announce(self, first, last):
         """One line per correction made at iterations first..last (found from the schedule's pieces)."""
@@ -163,33 +152,35 @@ class LearningRateLogger(_IterationTracker):
         for it, factor in self.schedule.momentum_corrections(last + 1, first, mode=mode, threshold=threshold):
             _say_correction(it, self._lr_at(it - 1), self._lr_at(it), factor)
 
-    def _lr_of(self, batch):
-        return self._lr_at(self._iteration(batch))
-
     def _lr_at(self, iteration):
-        optimizer = self.model.optimizer
-        if is_scheduled(optimizer) and optimizer.schedule == self.schedule:
-            return optimizer.lr_at(iteration)  # includes an elastic world-size scale
+        scheduled = scheduled_of(self.model.optimizer)
+        if scheduled is not None and scheduled.schedule == self.schedule:
+            return scheduled.lr_at(iteration)  # includes an elastic world-size scale
         return self.schedule.lr_at(iteration)
 
+    def on_epoch_begin(self, epoch, logs=None):
+        super().on_epoch_begin(epoch, logs)
+        self._next = self._epoch_start  # the first iteration whose correction is not announced yet
+        self._last = None
+
+    def _ran_until(self, last):
+        """Announce the corrections of the iterations run since the last call, up to `last`."""
+        if self._rule and last >= self._next:
+            self._announce(self._next, last)
+        self._next = max(self._next, last + 1)
+        self._last = last
+
     def on_train_batch_end(self, batch, logs=None):  # replaced per instance when per_batch=False
-        if self._rule:
-            first = self._iteration(self._last_batch + 1 if self._last_batch is not None else 0)
-            self._announce(first, self._iteration(batch))
-        self._last_batch = batch
+        self._ran_until(self._iteration(batch))
         if logs is not None:
-            logs[LOG_KEY] = self._lr_of(batch)
+            logs[LOG_KEY] = self._lr_at(self._last)
 
     def on_epoch_end(self, epoch, logs=None):
-        if self._last_batch is None:  # batch hooks off: the epoch ran up to the current iteration
-            last = max(self._read_iterations() - 1, 0)
-            if self._rule:
-                self._announce(self._epoch_start, last)
-        else:
-            last = self._iteration(self._last_batch)
+        if self._last is None:  # batch hooks off: the epoch ran up to the current iteration
+            self._ran_until(max(self._read_iterations() - 1, 0))
         if logs is not None:
-            logs[LOG_KEY] = self._lr_at(last)
-        self._last_batch = None
+            logs[LOG_KEY] = self._lr_at(self._last)
+        self._last = None
 
 
 def horovod_callbacks(schedule_callback=None, *, root_rank=0, average_metrics=True, log_lr=True,
@@ -198,18 +189,23 @@ def horovod_callbacks(schedule_callback=None, *, root_rank=0, average_metrics=Tr
 
     1. `RankConsistencyCheck`: fail on every rank, before the first step, if the ranks' schedules, settings or
        starting iterations differ (one allgather per `fit`);
-    2. `hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank)`: rank 0's weights and optimizer state to all
-       (at the end of the first batch, once the slots exist);
-    3. `hvd.callbacks.MetricAverageCallback()`: epoch metrics averaged over ranks, before anything logs them;
-    4. `schedule_callback` (a ScheduleCallback) if given, else a `LearningRateLogger` (for ScheduledOptimizer);
-    5. `StopOnNonFinite`: a NaN/Inf loss stops the job with the iteration and the LR in the message.
+    2. `DistributedCheck`: on more than one rank, fail before the first step if the compiled optimizer does
+       not average gradients (or, on Keras 3, could not: Horovod's own Keras wrapper, a LossScaleOptimizer
+       around the distributed one, an XLA-compiled train step);
+    3. the initial broadcast of rank `root_rank`'s weights and optimizer state: on Keras 2 Horovod's
+       `BroadcastGlobalVariablesCallback` (at the end of the first batch, once the slots exist), on Keras 3
+       `BroadcastVariables` (at train begin: Keras 3 builds the slots before);
+    4. epoch metrics averaged over ranks, before anything logs them (Horovod's `MetricAverageCallback` on
+       Keras 2, `AverageMetrics` on Keras 3);
+    5. `schedule_callback` (a ScheduleCallback) if given, else a `LearningRateLogger` (for ScheduledOptimizer);
+    6. `StopOnNonFinite`: a NaN/Inf loss stops the job with the iteration and the LR in the message.
 
     Append checkpointing (`EpochCheckpoint`) and TensorBoard after these.
 
     Args:
         schedule_callback: a ScheduleCallback for users who keep their own optimizer, or None.
         root_rank: the rank whose variables are broadcast.
-        average_metrics: include MetricAverageCallback.
+        average_metrics: include the metric averaging.
         log_lr: include a LearningRateLogger when no schedule_callback is given.
         per_batch_lr: the logger also writes batch logs.
         check_ranks: include RankConsistencyCheck.
@@ -219,18 +215,12 @@ def horovod_callbacks(schedule_callback=None, *, root_rank=0, average_metrics=Tr
     Returns:
         A list of callbacks for `model.fit(callbacks=...)`.
     """
-    import horovod.tensorflow.keras as hvd
-
-    from .guards import RankConsistencyCheck, StopOnNonFinite
-
     if schedule_callback is not None and not isinstance(schedule_callback, ScheduleCallback):
         raise TypeError(f"schedule_callback must be a ScheduleCallback, got {type(schedule_callback).__name__}")
     callbacks = []
     if check_ranks:
         callbacks.append(RankConsistencyCheck(schedule_callback.schedule if schedule_callback else None))
-    callbacks.append(hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank))
-    if average_metrics:
-        callbacks.append(hvd.callbacks.MetricAverageCallback())
+    callbacks.extend(distributed_callbacks(root_rank, average_metrics))
     if schedule_callback is not None:
         callbacks.append(schedule_callback)
     elif log_lr:

@@ -20,7 +20,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from . import _slots
+from . import _backend, _slots
 
 __all__ = ["EpochCheckpoint", "latest_checkpoint", "restore_latest"]
 
@@ -58,11 +58,6 @@ def latest_checkpoint(directory):
     return meta
 
 
-def _optimizer_variables(optimizer):
-    variables = optimizer.variables
-    return list(variables() if callable(variables) else variables)
-
-
 def restore_latest(directory, model, optimizer=None):
     """Restore the newest complete checkpoint of `directory` into `model` (and its optimizer) on every rank.
 
@@ -81,15 +76,16 @@ def restore_latest(directory, model, optimizer=None):
     optimizer = optimizer or model.optimizer
     meta = latest_checkpoint(directory)
     if meta is not None:
-        _slots.build_slots(optimizer, model.trainable_variables)
+        _backend.build_slots(optimizer, model.trainable_variables)
         checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
         checkpoint.read(os.path.join(meta["path"], _PREFIX)).assert_existing_objects_matched()
     hvd = _horovod()
     if hvd is not None and hvd.size() > 1:
         meta = hvd.broadcast_object(meta, root_rank=0, name="hvd_sched_restore_meta")
         if meta is not None:
-            _slots.build_slots(optimizer, model.trainable_variables)
-            hvd.broadcast_variables(model.variables + _optimizer_variables(optimizer), root_rank=0)
+            _backend.build_slots(optimizer, model.trainable_variables)
+            variables = list(model.variables) + _backend.optimizer_variables(optimizer)
+            hvd.broadcast_variables(_backend.backing_variables(variables), root_rank=0)
     return meta
 
 
@@ -101,7 +97,7 @@ def _horovod():
     return hvd if hvd.is_initialized() else None
 
 
-class EpochCheckpoint(tf.keras.callbacks.Callback):
+class EpochCheckpoint(_backend.keras.callbacks.Callback):
     """At each epoch end, rank 0 writes model + optimizer state atomically (see the module docstring).
 
     Training state is the optimizer's iteration counter and slots, so a restored model continues the schedule
@@ -147,7 +143,7 @@ class EpochCheckpoint(tf.keras.callbacks.Callback):
         os.makedirs(tmp)
         optimizer = self.model.optimizer
         tf.train.Checkpoint(model=self.model, optimizer=optimizer).write(os.path.join(tmp, _PREFIX))
-        meta = {"epoch": int(epoch), "iteration": int(tf.keras.backend.get_value(optimizer.iterations)),
+        meta = {"epoch": int(epoch), "iteration": int(_backend.get_value(optimizer.iterations)),
                 "time": time.time()}
         with open(os.path.join(tmp, "meta.json"), "w") as f:
             json.dump(meta, f)

@@ -10,7 +10,7 @@ schedule for the size it starts with and receives the slots from rank 0 in the s
 """
 
 from . import _slots
-from .optimizer import is_scheduled
+from .optimizer import scheduled_of
 
 __all__ = ["ElasticLRScaler"]
 
@@ -30,9 +30,9 @@ class ElasticLRScaler:
     def __init__(self, optimizer, verbose=1):
         import horovod.tensorflow as hvd
 
-        if not is_scheduled(optimizer):
+        if scheduled_of(optimizer) is None:
             raise TypeError(f"ElasticLRScaler needs a ScheduledOptimizer, got {type(optimizer).__name__}")
-        self.optimizer = optimizer
+        self.optimizer = scheduled_of(optimizer)
         self.verbose = verbose
         self.start_size = hvd.size()
         self.history = []

@@ -12,11 +12,9 @@ A scheduler that hangs 64 GPUs, or silently trains ranks with different learning
 import json
 import math
 
-import tensorflow as tf
-
-from . import _slots
-from .callbacks import _IterationTracker
-from .optimizer import is_scheduled
+from . import _backend, _slots
+from ._tracking import IterationTracker
+from .optimizer import scheduled_of
 
 __all__ = ["StopOnNonFinite", "RankConsistencyCheck", "NonFiniteLossError", "RankMismatchError"]
 
@@ -30,12 +28,13 @@ class RankMismatchError(ValueError):
 
 
 def _current_lr(optimizer, iteration):
-    if is_scheduled(optimizer):
-        return optimizer.lr_at(iteration)
-    return float(tf.keras.backend.get_value(optimizer.learning_rate))
+    scheduled = scheduled_of(optimizer)
+    if scheduled is not None:
+        return scheduled.lr_at(iteration)
+    return float(_backend.get_value(_backend.unwrap(optimizer).learning_rate))
 
 
-class StopOnNonFinite(_IterationTracker):
+class StopOnNonFinite(IterationTracker):
     """Raise `NonFiniteLossError` at the first batch whose loss is NaN or Inf.
 
     The message names the iteration, the loss and the LR in force at that iteration, and the latest checkpoint
@@ -69,12 +68,13 @@ class StopOnNonFinite(_IterationTracker):
 
 def _describe(model, schedule):
     optimizer = model.optimizer
-    record = {"iteration": int(tf.keras.backend.get_value(optimizer.iterations)),
+    record = {"iteration": int(_backend.get_value(optimizer.iterations)),
               "optimizer": type(optimizer).__name__}
-    if is_scheduled(optimizer):
-        record["schedule"] = optimizer.schedule.get_config()
-        record["momentum_correction"] = optimizer.momentum_correction_mode
-        record["lr_multipliers"] = optimizer.get_config().get("lr_multipliers")
+    scheduled = scheduled_of(optimizer)
+    if scheduled is not None:
+        record["schedule"] = scheduled.schedule.get_config()
+        record["momentum_correction"] = scheduled.momentum_correction_mode
+        record["lr_multipliers"] = scheduled.lr_multipliers or None
     elif schedule is not None:
         record["schedule"] = schedule.get_config()
     return json.loads(json.dumps(record))
@@ -95,7 +95,7 @@ def _differences(records):
     return out
 
 
-class RankConsistencyCheck(tf.keras.callbacks.Callback):
+class RankConsistencyCheck(_backend.keras.callbacks.Callback):
     """At train begin, check that every Horovod rank has the same schedule, settings and starting iteration.
 
     One `allgather_object` per `model.fit` call (nothing per batch). On a mismatch every rank raises

@@ -2,13 +2,14 @@
 
 import tensorflow as tf
 
+from . import _backend
 from ._tables import as_schedule, graph_lr
 
 __all__ = ["ScheduleLR"]
 
 
-@tf.keras.utils.register_keras_serializable(package="hvd_sched")
-class ScheduleLR(tf.keras.optimizers.schedules.LearningRateSchedule):
+@_backend.register
+class ScheduleLR(_backend.LearningRateSchedule):
     """The LR of an hvd_sched `Schedule` at `optimizer.iterations`, computed in-graph.
 
     The graph computes the policy's float64 formula with the same operations as `Schedule.lr_at` (a boundary

@@ -1,0 +1,341 @@
+"""Every Keras 2 internal hvd_sched relies on (tf.keras 2.15, tf-keras 2.20), in one place.
+
+Keras 2 here means the TF 2.11+ optimizers (`tf.keras.optimizers.*`: `update_step(gradient, variable)`, slots in
+`optimizer.momentums`, per-variable XLA in `_update_step_xla`) and the legacy OptimizerV2 ones
+(`tf.keras.optimizers.legacy.*`: `_resource_apply_dense`, `get_slot`). `hvd_sched.keras._backend` exports this
+module's names on a Keras 2 stack, `_keras3` has the same names for Keras 3; the public modules use only those.
+tests/keras/test_hooks.py names every hook below and fails, naming it, when a Keras release changes it.
+"""
+
+import tensorflow as tf
+from tensorflow.python.ops import control_flow_util  # XLA context of the graph being traced (no public API)
+
+__all__ = ["KERAS_MAJOR", "keras", "HOOKS", "OPTIMIZER_TYPES", "LearningRateSchedule", "is_optimizer",
+           "is_legacy", "is_sgd", "momentum_of", "variable_name", "variable_index", "momentum_slot",
+           "all_momentum_slots", "build_slots", "optimizer_variables", "unwrap", "loss_scale_wrapper_of",
+           "skips_iterations", "learning_rate_variable", "in_xla_compilation", "steps_per_execution",
+           "get_value", "register", "is_horovod_keras_wrapped", "scheduled_mixin", "distributed_optimizer",
+           "distribution_problem", "broadcast_callback", "metric_average_callback", "backing_variables",
+           "folds_factor", "is_variable", "scale_variable", "counts_skipped_steps", "BUILTIN_OPTIMIZERS",
+           "is_distributed"]
+
+KERAS_MAJOR = 2
+keras = tf.keras
+LearningRateSchedule = tf.keras.optimizers.schedules.LearningRateSchedule
+_NEW = tf.keras.optimizers.Optimizer
+_LEGACY = tf.keras.optimizers.legacy.Optimizer
+_NEW_SGD = tf.keras.optimizers.SGD
+_LEGACY_SGD = tf.keras.optimizers.legacy.SGD
+_LOSS_SCALE = tf.keras.mixed_precision.LossScaleOptimizer
+OPTIMIZER_TYPES = (_NEW, _LEGACY)
+#: Keras' optimizers whose scheduled classes exist from import on (so `load_model` finds them by name).
+BUILTIN_OPTIMIZERS = (tf.keras.optimizers.SGD, tf.keras.optimizers.Adam, tf.keras.optimizers.AdamW,
+                      tf.keras.optimizers.RMSprop, tf.keras.optimizers.Nadam, tf.keras.optimizers.Adagrad,
+                      tf.keras.optimizers.legacy.SGD, tf.keras.optimizers.legacy.Adam,
+                      tf.keras.optimizers.legacy.RMSprop)
+
+#: The Keras/TensorFlow internals used here: (owner, attribute). tests/keras/test_hooks.py checks each exists.
+HOOKS = (
+    (_NEW, "_index_dict"), (_NEW, "_var_key"), (_NEW, "_update_step_xla"), (_NEW, "update_step"),
+    (_NEW, "_current_learning_rate"), (_NEW_SGD, "momentums"),
+    (_LEGACY, "_create_all_weights"), (_LEGACY, "_fallback_apply_state"), (_LEGACY, "_resource_apply_dense"),
+    (_LEGACY, "_resource_apply_sparse"), (_LEGACY, "_slots"),
+    (_LOSS_SCALE, "inner_optimizer"), (tf.keras.Model, "_steps_per_execution"),
+    (control_flow_util, "GraphOrParentsInXlaContext"),
+)
+
+
+def is_optimizer(obj):
+    """True for a Keras optimizer (TF 2.11+ or legacy); a LossScaleOptimizer counts too."""
+    return isinstance(obj, OPTIMIZER_TYPES)
+
+
+def is_legacy(optimizer):
+    """True for `tf.keras.optimizers.legacy.*` (OptimizerV2), False for the TF 2.11+ optimizers."""
+    return isinstance(optimizer, _LEGACY)
+
+
+def is_sgd(optimizer):
+    return isinstance(optimizer, (_NEW_SGD, _LEGACY_SGD))
+
+
+def momentum_of(optimizer):
+    """The momentum coefficient as a float (legacy SGD: 1.0 or 0.0, whether it built momentum slots)."""
+    if is_legacy(optimizer):
+        return 1.0 if getattr(optimizer, "_momentum", False) else 0.0  # OptimizerV2 decides at construction
+    momentum = getattr(optimizer, "momentum", 0.0)
+    return float(momentum) if isinstance(momentum, (int, float)) else 1.0
+
+
+def is_variable(obj):
+    return isinstance(obj, tf.Variable)
+
+
+def variable_name(variable):
+    """The name the per-variable rules match: `variable.name`, e.g. "dense/kernel:0"."""
+    return variable.name
+
+
+def variable_index(optimizer, variable):
+    """The index of `variable` among those the (built) optimizer trains."""
+    if is_legacy(optimizer):
+        return None  # legacy optimizers key their slots by variable, not by index
+    return optimizer._index_dict[optimizer._var_key(variable)]
+
+
+def momentum_slot(optimizer, variable):
+    """The momentum slot of `variable`, or None (none yet, or no momentum)."""
+    if is_legacy(optimizer):
+        try:
+            return optimizer.get_slot(variable, "momentum")
+        except KeyError:
+            return None
+    momentums = getattr(optimizer, "momentums", None)
+    index = getattr(optimizer, "_index_dict", None)
+    if not momentums or index is None or optimizer._var_key(variable) not in index:
+        return None
+    return momentums[index[optimizer._var_key(variable)]]
+
+
+def all_momentum_slots(optimizer):
+    """Every momentum slot a built optimizer has (none before its first step)."""
+    optimizer = unwrap(optimizer)
+    if is_legacy(optimizer):
+        return [slots["momentum"] for slots in optimizer._slots.values() if "momentum" in slots]
+    return list(getattr(optimizer, "momentums", None) or [])
+
+
+def build_slots(optimizer, variables, name=None):
+    """Create the optimizer's slots for `variables` now (idempotent), as its first apply_gradients would.
+
+    The name scope matches the one Keras opens there, so slot names do not depend on who built them first.
+    """
+    optimizer = unwrap(optimizer)
+    scope = name or (optimizer._name if is_legacy(optimizer) else optimizer.name) or "optimizer"
+    with tf.name_scope(scope):
+        with tf.init_scope():
+            if is_legacy(optimizer):
+                optimizer._create_all_weights(variables)
+            else:
+                optimizer.build(variables)
+
+
+def scale_variable(variable, factor):
+    """variable *= factor (eagerly, between steps)."""
+    variable.assign(variable * tf.cast(factor, variable.dtype))
+
+
+def optimizer_variables(optimizer):
+    variables = optimizer.variables
+    return list(variables() if callable(variables) else variables)
+
+
+def backing_variables(variables):
+    """The `tf.Variable`s behind Keras variables (Keras 2 variables are tf.Variables)."""
+    return list(variables)
+
+
+def unwrap(optimizer):
+    """The optimizer a LossScaleOptimizer wraps (mixed precision), else `optimizer` itself."""
+    while isinstance(optimizer, _LOSS_SCALE):
+        optimizer = optimizer.inner_optimizer
+    return optimizer
+
+
+def loss_scale_wrapper_of(optimizer):
+    """None: Keras 2 marks the wrapped optimizer, but every rank decides the same (after Horovod's allreduce)."""
+    return None
+
+
+def counts_skipped_steps(optimizer):
+    """True when a LossScaleOptimizer wraps `optimizer` (Keras 2 marks the inner optimizer): a step it skips for
+    non-finite gradients still advances `iterations`, so a correction due then must wait for the next applied
+    step (`_tables.graph_factor_since`)."""
+    return bool(getattr(optimizer, "_is_wrapped_by_loss_scale_optimizer", False))
+
+
+def skips_iterations(optimizer):
+    """False: a Keras 2 LossScaleOptimizer that skips a step still counts it (`iterations.assign_add(1)` in
+    its do-not-apply branch), so the iteration of a batch is always epoch start + batch index."""
+    return False
+
+
+def learning_rate_variable(optimizer):
+    """The variable holding a float learning rate, or None when the LR is a schedule."""
+    lr = unwrap(optimizer).learning_rate
+    return lr if isinstance(lr, tf.Variable) else None
+
+
+def in_xla_compilation():
+    """True while tracing inside `tf.function(jit_compile=True)` (TensorFlow enters an XLA control-flow context)."""
+    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
+def steps_per_execution(model):
+    value = getattr(model, "_steps_per_execution", None)
+    return 1 if value is None else int(tf.keras.backend.get_value(value))
+
+
+def get_value(x):
+    return tf.keras.backend.get_value(x)
+
+
+def register(cls, package="hvd_sched"):
+    return tf.keras.utils.register_keras_serializable(package=package)(cls)
+
+
+def is_horovod_keras_wrapped(optimizer):
+    """True for the dynamic class `horovod.tensorflow.keras.DistributedOptimizer` returns."""
+    optimizer = unwrap(optimizer)
+    return type(optimizer).__module__.startswith("horovod.") or hasattr(optimizer, "_allreduce_grads")
+
+
+def is_distributed(optimizer):
+    """True for an optimizer that averages gradients over Horovod ranks (on Keras 2: Horovod's own wrapper)."""
+    return is_horovod_keras_wrapped(optimizer)
+
+
+def distributed_optimizer(optimizer, **kwargs):
+    """Horovod's own `DistributedOptimizer` (it allreduces in `_compute_gradients`, which Keras 2 calls)."""
+    import horovod.tensorflow.keras as hvd
+
+    return hvd.DistributedOptimizer(optimizer, **kwargs)
+
+
+def distribution_problem(optimizer):
+    """None: on Keras 2, Horovod's wrapper averages in `compute_gradients`, which a LossScaleOptimizer calls before
+    its finite check, so every rank takes the same skip decision; and no other wrapper exists to confuse."""
+    return None
+
+
+def broadcast_callback(root_rank):
+    import horovod.tensorflow.keras as hvd
+
+    return hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank)
+
+
+def metric_average_callback():
+    import horovod.tensorflow.keras as hvd
+
+    return hvd.callbacks.MetricAverageCallback()
+
+
+# The per-version half of ScheduledOptimizer. `hvd_sched.keras._scheduled` builds each scheduled class as
+# (mixin, _ScheduledBase, the Keras class); the mixins call the base's `_hvd_sched_*` methods for everything that
+# does not depend on Keras' internals.
+
+
+class _StepStart:
+    """Both Keras 2 families start a step in `apply_gradients(grads_and_vars, name=None, ...)`."""
+
+    def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        grads_and_vars = list(grads_and_vars)
+        self._hvd_sched_before_step([v for _, v in grads_and_vars], [v for g, v in grads_and_vars if g is not None],
+                                    kwargs.get("name"))
+        return super().apply_gradients(grads_and_vars, *args, **kwargs)
+
+
+class _NewMixin(_StepStart):
+    """TF 2.11+ optimizers: the LR multiplier acts through the `learning_rate` property, the factor through the
+    step's variable (both read inside `update_step`, which Keras may trace inside `_update_step_xla`)."""
+
+    _hvd_sched_lr_factor = None  # a Python float while one variable's update_step is traced
+
+    @property
+    def learning_rate(self):
+        lr = super().learning_rate
+        factor = self._hvd_sched_lr_factor
+        return lr if factor is None else lr * tf.cast(factor, lr.dtype)
+
+    @learning_rate.setter
+    def learning_rate(self, learning_rate):
+        if getattr(self, "_hvd_sched", None) is not None:
+            raise TypeError("the learning rate of a ScheduledOptimizer comes from its schedule and cannot be set; "
+                            "build a new schedule (or use hvd_sched.keras.ScheduleCallback with a plain optimizer)")
+        _NEW.learning_rate.fset(self, learning_rate)
+
+    def update_step(self, gradient, variable):
+        index = self._index_dict[self._var_key(variable)]
+        multiplier, decay = self._hvd_sched_rules_for(variable.name)
+        # The decay enters the gradient first, so the LR multiplier below scales it too: Caffe2's
+        # WeightDecayBuilder rewrites the gradient before the optimizer, whose LR carries any multiplier.
+        gradient = self._hvd_sched_decayed(gradient, variable, decay)
+        self._hvd_sched_lr_factor = None if multiplier == 1.0 else multiplier
+        try:
+            factor = self._hvd_sched_step_factor_value()
+            if factor is not None:
+                return self._sgd_update_with_correction(gradient, variable, self.momentums[index], factor)
+            return super().update_step(gradient, variable)
+        finally:
+            self._hvd_sched_lr_factor = None
+
+    def _sgd_update_with_correction(self, gradient, variable, m, factor):
+        """Keras 2's `SGD.update_step` with the slot read as m * factor (Detectron's V *= new_lr/old_lr first).
+
+        The same arithmetic as scaling the slot and then running SGD.update_step (Grappler may fuse it
+        differently: results agree to float32 rounding, ~1e-7 on the tests' model); on steps without a
+        correction the factor is 1.0 and m * 1.0 == m.
+        """
+        lr = tf.cast(self.learning_rate, variable.dtype)
+        momentum = tf.cast(self.momentum, variable.dtype)
+        scaled = m * tf.cast(factor, variable.dtype)
+        if isinstance(gradient, tf.IndexedSlices):
+            add_value = tf.IndexedSlices(-gradient.values * lr, gradient.indices)
+            m.assign(scaled * momentum)
+            m.scatter_add(add_value)
+            if self.nesterov:
+                variable.scatter_add(add_value)
+                variable.assign_add(m * momentum)
+            else:
+                variable.assign_add(m)
+        else:
+            m.assign(-gradient * lr + scaled * momentum)
+            if self.nesterov:
+                variable.assign_add(-gradient * lr + m * momentum)
+            else:
+                variable.assign_add(m)
+
+
+class _LegacyMixin(_StepStart):
+    """`tf.keras.optimizers.legacy.*`: the LR multiplier scales the per-variable `lr_t` coefficients; the slots are
+    rescaled behind a `tf.cond` that is false on steps without a correction."""
+
+    def _scaled_state(self, var, apply_state):
+        factor = self._hvd_sched_rules_for(var.name)[0]
+        if factor == 1.0:
+            return apply_state
+        key = (var.device, var.dtype.base_dtype)
+        coefficients = dict((apply_state or {}).get(key) or self._fallback_apply_state(*key))
+        for name in ("lr_t", "lr"):
+            if name in coefficients:
+                coefficients[name] = coefficients[name] * tf.cast(factor, coefficients[name].dtype)
+        return {key: coefficients}
+
+    def _resource_apply_dense(self, grad, var, apply_state=None):
+        grad = self._hvd_sched_decayed(grad, var, self._hvd_sched_rules_for(var.name)[1])
+        return super()._resource_apply_dense(grad, var, apply_state=self._scaled_state(var, apply_state))
+
+    def _resource_apply_sparse(self, grad, var, indices, apply_state=None):
+        decay = self._hvd_sched_rules_for(var.name)[1]
+        if decay != 0.0:
+            # L2 decays every row: apply the densified, decayed gradient.
+            dense = tf.math.unsorted_segment_sum(grad, indices, tf.shape(var, out_type=indices.dtype)[0])
+            return super()._resource_apply_dense(self._hvd_sched_decayed(dense, var, decay), var,
+                                                 apply_state=self._scaled_state(var, apply_state))
+        return super()._resource_apply_sparse(grad, var, indices, apply_state=self._scaled_state(var, apply_state))
+
+
+def scheduled_mixin(base):
+    """(the mixin for the Keras optimizer class `base`, whether it is Keras' own legacy class)."""
+    if issubclass(base, _LEGACY):
+        # Keras' own legacy classes share their plain names with the TF 2.11+ ones (SGD, Adam); the caller names
+        # them "ScheduledLegacy<Name>" (`keras.` on TF 2.15, `tf_keras.` where tf.keras is the tf-keras package).
+        return _LegacyMixin, base.__module__.startswith(("keras.", "tf_keras."))
+    if issubclass(base, _NEW):
+        return _NewMixin, False
+    raise TypeError(f"ScheduledOptimizer wraps a tf.keras optimizer, got class {base.__name__}")
+
+
+def folds_factor(optimizer):
+    """True where the factor multiplies the slot inside the update (SGD); else a tf.cond rescales the slots."""
+    return isinstance(optimizer, _NEW_SGD)

@@ -1,0 +1,282 @@
+"""The Keras-version-independent half of `ScheduledOptimizer`: options, per-variable rules and the step's state.
+
+Each scheduled class is (a per-version mixin from `_backend.scheduled_mixin`, `ScheduledBase`, the Keras optimizer
+class). The mixin overrides the Keras method that starts a step and the per-variable update and calls back into
+`ScheduledBase._hvd_sched_*` for everything else.
+
+What a step needs travels through variables, never through a tensor kept on a Python attribute: the LR is Keras'
+own (the schedule evaluated once per step, `ScheduleLR`), and this step's momentum-correction factor is assigned
+once per step to the variable `Options.step_factor` (1.0 on steps without a correction), which every variable's
+update reads, also inside the per-variable XLA function Keras 2 traces on a GPU (`_update_step_xla`).
+"""
+
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from .. import _validation
+from . import _backend, _slots
+from ._tables import as_schedule, correction_table, graph_factor, graph_factor_since
+from .lr_schedule import ScheduleLR
+
+__all__ = ["ScheduledBase", "check_rules", "BOTH_DECAYS", "XLA_WITH_HOROVOD", "horovod_xla_ops_enabled"]
+
+BOTH_DECAYS = ("weight_decays= (coupled L2: grad += decay * w before the update, Detectron/Caffe2) and the "
+               "optimizer's own weight_decay={wd!r} ({cls}: decoupled, w -= lr * wd * w after it) would both decay "
+               "the weights; build the optimizer without weight_decay= (e.g. tf.keras.optimizers.SGD(momentum=0.9))")
+
+XLA_WITH_HOROVOD = (
+    "hvd_sched: the whole train step is XLA-compiled (model.compile(..., jit_compile=True){auto}) and contains "
+    "Horovod's collectives, which have no XLA kernels here (Horovod has them only in GPU builds that include "
+    "xla_mpi_ops.cc, with HOROVOD_ENABLE_XLA_OPS=1); compile the model with model.compile(..., "
+    "jit_compile=False). The optimizer's own per-variable XLA update (Keras 2 optimizers' jit_compile, on by "
+    "default on a GPU) works with hvd_sched.")
+
+
+def horovod_xla_ops_enabled():
+    """True when the user turned Horovod's own XLA ops on (then an XLA-compiled step is theirs to try)."""
+    return os.environ.get("HOROVOD_ENABLE_XLA_OPS", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+class Options:
+    """The wrapper's settings and step state, kept out of TensorFlow's attribute tracking (which wraps dicts and
+    lists and would checkpoint the step variables)."""
+
+    def __init__(self, optimizer, schedule_lr, momentum_correction, correction_threshold, lr_multipliers,
+                 weight_decays, log_corrections):
+        self.schedule_lr = schedule_lr
+        self.schedule = schedule_lr.schedule
+        self.momentum_correction = momentum_correction
+        if correction_threshold is not None and (isinstance(correction_threshold, bool) or
+                                                 not isinstance(correction_threshold, (int, float)) or
+                                                 not correction_threshold >= 1):
+            raise ValueError(f"correction_threshold must be a number >= 1 (Detectron's SCALE_MOMENTUM_THRESHOLD), "
+                             f"got {correction_threshold!r}")
+        self.correction_threshold = correction_threshold
+        self.multipliers = _validation.name_rules("lr_multipliers", lr_multipliers, "factor")
+        self.decays = _validation.name_rules("weight_decays", weight_decays, "decay")
+        self.log_corrections = bool(log_corrections)
+        self.mode = _slots.resolve_correction_mode(optimizer, self.schedule, momentum_correction)
+        self.threshold = (self.schedule.scale_momentum_threshold if correction_threshold is None
+                          else float(correction_threshold))
+        # The corrections as a lookup table (None: too many, the rule runs in-graph instead).
+        self.table = correction_table(self.schedule, self.mode, self.threshold)
+        self.rules_checked = False
+        self._rules = {}  # variable name -> (LR multiplier, weight decay)
+        with tf.init_scope():
+            self.step_factor = tf.Variable(1.0, trainable=False, dtype=tf.float32, name="hvd_sched_step_factor")
+
+    @property
+    def has_corrections(self):
+        """True when the rule fires at least once (a table with entries, or too many for a table)."""
+        return self.table is None or self.table[0].size > 0
+
+    def config(self):
+        return {
+            "schedule": self.schedule.get_config(),
+            "momentum_correction": self.momentum_correction,
+            "correction_threshold": self.correction_threshold,
+            "lr_multipliers": {p: f for p, _, f in self.multipliers} or None,
+            "weight_decays": {p: d for p, _, d in self.decays} or None,
+            "log_corrections": self.log_corrections,
+        }
+
+    def rules_for(self, name):
+        """(LR multiplier, weight decay) of the variable called `name`: the first matching pattern of each."""
+        if name not in self._rules:
+            self._rules[name] = (_first_match(self.multipliers, name, 1.0), _first_match(self.decays, name, 0.0))
+        return self._rules[name]
+
+
+def _first_match(rules, name, default):
+    for _, compiled, value in rules:
+        if compiled.search(name):
+            return value
+    return default
+
+
+def check_rules(options, names):
+    """A ValueError naming the first `lr_multipliers` / `weight_decays` pattern that matches none of `names`."""
+    for argument, rules in (("lr_multipliers", options.multipliers), ("weight_decays", options.decays)):
+        for pattern, compiled, _ in rules:
+            if not any(compiled.search(name) for name in names):
+                raise ValueError(f"{argument} pattern {pattern!r} matches no trainable variable; the variable "
+                                 f"names are {names}. Fix the regex (it is searched with re.search) or remove it.")
+
+
+def _name(variable):
+    return variable if isinstance(variable, str) else _backend.variable_name(variable)
+
+
+class ScheduledBase:
+    """Shared by every scheduled class (Keras 2 TF 2.11+, Keras 2 legacy, Keras 3)."""
+
+    def __init__(self, schedule, momentum_correction=None, correction_threshold=None, lr_multipliers=None,
+                 weight_decays=None, log_corrections=True, **kwargs):
+        kwargs.pop("learning_rate", None)
+        kwargs.pop("lr", None)
+        if _validation.name_rules("weight_decays", weight_decays, "decay") and kwargs.get("weight_decay"):
+            raise ValueError(BOTH_DECAYS.format(cls=type(self).__name__, wd=kwargs["weight_decay"]))
+        schedule_lr = ScheduleLR(as_schedule(schedule))
+        with tf.init_scope():
+            schedule_lr.scale = tf.Variable(1.0, trainable=False, dtype=tf.float32, name="hvd_sched_lr_scale")
+            last_step = tf.Variable(-1, trainable=False, dtype=tf.int64, name="hvd_sched_last_step")
+        super().__init__(learning_rate=schedule_lr, **kwargs)
+        # Tracked: tf.train.Checkpoint keeps the world-size scale and the last applied step.
+        self._hvd_sched_lr_scale_var = schedule_lr.scale
+        self._hvd_sched_last_step = last_step
+        self._hvd_sched = Options(self, schedule_lr, momentum_correction, correction_threshold, lr_multipliers,
+                                  weight_decays, log_corrections)
+
+    @property
+    def schedule(self):
+        """The hvd_sched `Schedule` this optimizer follows."""
+        return self._hvd_sched.schedule
+
+    @property
+    def momentum_correction_mode(self):
+        """The correction mode in force: "threshold", "every_change" or "off"."""
+        return self._hvd_sched.mode
+
+    @property
+    def correction_threshold_in_force(self):
+        """The threshold the correction rule uses (the schedule's unless `correction_threshold` overrides it)."""
+        return self._hvd_sched.threshold
+
+    @property
+    def logs_corrections(self):
+        """True when `LearningRateLogger` should announce this optimizer's corrections (`log_corrections`)."""
+        return self._hvd_sched.log_corrections and self._hvd_sched.has_corrections
+
+    @property
+    def lr_multipliers(self):
+        """The `lr_multipliers` rules (variable-name regex -> LR factor, first match wins), a new dict."""
+        return {pattern: factor for pattern, _, factor in self._hvd_sched.multipliers}
+
+    @property
+    def weight_decays(self):
+        """The `weight_decays` rules (variable-name regex -> coupled L2 decay, first match wins), a new dict."""
+        return {pattern: decay for pattern, _, decay in self._hvd_sched.decays}
+
+    def lr_multiplier_for(self, variable):
+        """The LR factor the rules give `variable` (a variable or its name): the first match, else 1.0."""
+        return self._hvd_sched.rules_for(_name(variable))[0]
+
+    def weight_decay_for(self, variable):
+        """The coupled weight decay the rules give `variable` (a variable or its name): the first match, else 0."""
+        return self._hvd_sched.rules_for(_name(variable))[1]
+
+    def check_rules(self, variables):
+        """Raise a ValueError now if an `lr_multipliers` or `weight_decays` pattern matches none of `variables`
+        (the first step checks the same against the variables it trains)."""
+        check_rules(self._hvd_sched, [_name(v) for v in variables])
+
+    @property
+    def lr_scale(self):
+        """The factor on the schedule's LR (1.0 unless `set_lr_scale` changed it, e.g. on an elastic reset)."""
+        return float(self._hvd_sched_lr_scale_var.numpy())
+
+    def lr_at(self, iteration):
+        """The LR this optimizer uses at `iteration`: `schedule.lr_at(iteration) * lr_scale`, in float32."""
+        return float(np.float32(self.schedule.lr_at(iteration)) * np.float32(self.lr_scale))
+
+    def set_lr_scale(self, scale):
+        """Scale the whole schedule by `scale` from the next step on, rescaling the momentum slots to match.
+
+        The linear scaling rule after a world-size change (elastic Horovod): the LR of every later iteration is
+        `schedule.lr_at(it) * scale`, and, as the LR jumps by new_scale/old_scale, the momentum slots are
+        multiplied by that factor (where they carry the LR and the correction is not off), exactly as at a
+        scheduled LR jump. Call it between steps (eagerly), e.g. from an elastic reset callback.
+
+        Args:
+            scale: a positive finite number.
+
+        Returns:
+            The float32 factor applied to the slots (1.0 if none were rescaled).
+        """
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not np.isfinite(scale) or scale <= 0:
+            raise ValueError(f"scale must be a positive finite number, got {scale!r}")
+        old = np.float32(self.lr_scale)
+        new = np.float32(scale)
+        factor = np.float32(new / old)
+        applied = np.float32(1.0)
+        if factor != 1 and self._hvd_sched.mode != "off":
+            for slot in _backend.all_momentum_slots(self):
+                _backend.scale_variable(slot, factor)
+            applied = factor
+        self._hvd_sched_lr_scale_var.assign(new)
+        return float(applied)
+
+    def get_config(self):
+        config = super().get_config()
+        config.pop("learning_rate", None)  # derived from the schedule
+        config.update(self._hvd_sched.config())
+        return config
+
+    # -- the step: called by the per-version mixins ------------------------------------------------------------
+
+    def _hvd_sched_rules_for(self, name):
+        return self._hvd_sched.rules_for(name)
+
+    def _hvd_sched_before_step(self, variables, trained, name=None):
+        """Checks, slot creation and this step's correction, before Keras updates any variable.
+
+        Args:
+            variables: every variable of the step; trained: those with a gradient; name: Keras' name scope.
+        """
+        options = self._hvd_sched
+        if _backend.is_horovod_keras_wrapped(self) and _backend.in_xla_compilation() \
+                and not horovod_xla_ops_enabled():
+            raise ValueError(XLA_WITH_HOROVOD.format(auto=""))
+        if (options.multipliers or options.decays) and not options.rules_checked:
+            check_rules(options, [_name(v) for v in trained])  # a typo would silently train at the base rules
+            options.rules_checked = True
+        if not variables or not options.has_corrections:
+            return
+        _backend.build_slots(self, variables, name)
+        factor = self._hvd_sched_compute_factor()
+        if _backend.folds_factor(self):
+            # SGD: the factor multiplies the slot inside the update itself (no tf.cond, no extra pass).
+            options.step_factor.assign(factor)
+        else:
+            slots = [s for s in (_backend.momentum_slot(self, v) for v in variables) if s is not None]
+
+            def rescale():
+                for slot in slots:
+                    slot.assign(slot * tf.cast(factor, slot.dtype))
+                return tf.constant(True)
+
+            if slots:
+                tf.cond(tf.not_equal(factor, 1.0), rescale, lambda: tf.constant(False))
+
+    def _hvd_sched_compute_factor(self):
+        """This step's slot factor from the rule on this and the previous iteration's LR (1.0 on most steps)."""
+        options = self._hvd_sched
+        with tf.name_scope("hvd_sched_momentum_correction"):
+            step = self.iterations
+            if _backend.counts_skipped_steps(self):
+                # Mixed precision on Keras 2: skipped steps still advance `iterations`; take their corrections now.
+                factor = graph_factor_since(options.schedule, self._hvd_sched_last_step, step, options.mode,
+                                            options.threshold, options.table)
+                self._hvd_sched_last_step.assign(tf.cast(step, tf.int64))
+                return factor
+            return graph_factor(options.schedule, step, options.mode, options.threshold, options.table)
+
+    def _hvd_sched_step_factor_value(self):
+        """The step's factor variable where the update folds it in (SGD with corrections), else None."""
+        options = self._hvd_sched
+        if options.has_corrections and _backend.folds_factor(self):
+            return options.step_factor
+        return None
+
+    def _hvd_sched_decayed(self, gradient, variable, decay):
+        """`gradient + decay * variable` (Caffe2's WeightedSum), or `gradient` itself where the decay is 0.
+
+        A sparse gradient becomes dense: L2 decays every row of the variable, not only the rows in the batch.
+        """
+        if decay == 0.0:
+            return gradient
+        if isinstance(gradient, tf.IndexedSlices):
+            gradient = tf.convert_to_tensor(gradient)
+        return gradient + tf.cast(decay, variable.dtype) * variable
