@@ -9,10 +9,11 @@ What it does, in order: ``hvd.init()``; pin one GPU per local rank (if any); loa
 shipped ``load_digits`` by default, generated data with ``--synthetic``, MNIST/CIFAR-10 via
 ``tf.keras.datasets`` with network) and give each rank an equal, disjoint shard; build the schedule from a
 Detectron-style YAML (``--config``) or from flags, with the LR scaled linearly by ``hvd.size()``
-(``REFERENCE_WORLD_SIZE``); train with ``hvd.DistributedOptimizer(build_optimizer(config, model))`` (Detectron's
+(``REFERENCE_WORLD_SIZE``); train with ``hvd_sched.keras.DistributedOptimizer(build_optimizer(config, model))``
+(Horovod's own DistributedOptimizer on Keras 2, hvd_sched's Horovod-collective one on Keras 3; Detectron's
 whole solver from the config: MOMENTUM, NESTEROV, WEIGHT_DECAY coupled into the gradient, biases at 2x LR without
 decay, norm scales at WEIGHT_DECAY_GN; the rules are printed) and
-Horovod's broadcast and metric-average callbacks; print the LR of every epoch; write TensorBoard logs and
+the broadcast and metric-average callbacks of ``horovod_callbacks()``; print the LR of every epoch; write TensorBoard logs and
 checkpoints on rank 0; finally print the validation accuracy measured on every rank.
 
 Checkpoints (``OUT/ckpt``): ``hvd_sched.keras.EpochCheckpoint`` writes model + optimizer on rank 0 after each
@@ -36,6 +37,7 @@ import tensorflow as tf
 import horovod.tensorflow.keras as hvd
 
 import hvd_sched
+import hvd_sched.keras
 from hvd_sched.keras import EpochCheckpoint, build_optimizer, describe_optimizer, horovod_callbacks, restore_latest
 
 __all__ = ["load_dataset", "shard", "make_dataset", "build_model", "build_schedule", "EpochReport", "main"]
@@ -266,8 +268,11 @@ def main(argv=None):
     solver = build_optimizer(schedule, model)  # momentum, Nesterov and the weight decays: the config's, once
     if rank == 0:
         print(f"  solver: momentum {schedule.momentum:g}, {describe_optimizer(solver, model)}", flush=True)
-    optimizer = hvd.DistributedOptimizer(solver)
-    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    optimizer = hvd_sched.keras.DistributedOptimizer(solver)  # Keras 2: Horovod's own; Keras 3: hvd_sched's
+    # jit_compile=False: Horovod's collectives have no XLA kernels, so the train step itself stays un-compiled
+    # (Keras 3 would compile it on a GPU by default); Keras 2's per-variable XLA optimizer update stays on.
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"],
+                  jit_compile=False)
 
     checkpoint_dir = os.path.join(args.out, "ckpt")
     initial_epoch = 0
@@ -284,7 +289,9 @@ def main(argv=None):
     callbacks = horovod_callbacks(checkpoint_dir=checkpoint_dir) + [EpochCheckpoint(checkpoint_dir)]  # rank 0 writes
     if rank == 0:
         # Our own progress bar ahead of the report, so Keras' epoch line is complete before ours is printed.
-        callbacks += [tf.keras.callbacks.ProgbarLogger(count_mode="steps"), report,
+        progbar = (tf.keras.callbacks.ProgbarLogger(count_mode="steps") if hvd_sched.keras.KERAS_MAJOR == 2
+                   else tf.keras.callbacks.ProgbarLogger())  # Keras 3 counts steps without being asked
+        callbacks += [progbar, report,
                       tf.keras.callbacks.TensorBoard(os.path.join(args.out, "tb"), write_graph=False,
                                                      profile_batch=0)]
     started = time.time()

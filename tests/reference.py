@@ -21,7 +21,9 @@ import math
 import numpy as np
 
 __all__ = ["detectron_lr", "detectron_corrections", "mlp_grads", "train_detectron_sgd", "caffe2_group",
-           "caffe2_param_grads", "train_caffe2_sgd", "make_conv_model", "make_conv_data", "tape_grad_fn"]
+           "caffe2_param_grads", "train_caffe2_sgd", "make_conv_model", "make_conv_data", "tape_grad_fn",
+           "train_sgd_with_skips", "keras_loss_grad_fn", "sharded_grad_fn", "dynamic_scale_grad_fn",
+           "momentum_step_residuals"]
 
 
 def detectron_lr(it, solver):
@@ -193,11 +195,13 @@ def make_conv_model(seed=1, half_batch=None):
     """
     import tensorflow as tf  # only the Keras and multi-rank tests build the model
 
+    from stackutil import batch_normalization  # Keras 3 has no virtual_batch_size: the same statistics
+
     tf.keras.utils.set_random_seed(seed)
     layers = tf.keras.layers
     return tf.keras.Sequential([
         tf.keras.Input((6, 6, 2)), layers.Conv2D(4, 3), layers.GroupNormalization(2), layers.Activation("tanh"),
-        layers.Conv2D(4, 3), layers.BatchNormalization(virtual_batch_size=half_batch), layers.Activation("tanh"),
+        layers.Conv2D(4, 3), batch_normalization(half_batch), layers.Activation("tanh"),
         layers.Flatten(), layers.Dense(3)])
 
 
@@ -224,3 +228,177 @@ def tape_grad_fn(model):
         return [g.numpy() for g in tape.gradient(loss, variables)]
 
     return grad_fn
+
+
+def train_sgd_with_skips(params, batches, lrs, corrections, momentum, *, skipped=(), skip_advances_iteration=True,
+                         nesterov=False, multipliers=None, grad_fn=None):
+    """Detectron's MomentumSGD where some batches are SKIPPED (mixed precision: non-finite gradients).
+
+    A skipped batch changes neither the parameters nor V. Keras 2's LossScaleOptimizer still advances the
+    iteration on it (`skip_advances_iteration=True`), Keras 3's does not (the next batch runs at the same
+    iteration, with that iteration's LR). Either way V must follow the LR of the step that is applied: before the
+    update at iteration `it`, V is scaled by the product of the corrections due at every iteration after the last
+    APPLIED one, up to `it` (each correction exactly once, none lost at a skipped iteration).
+
+    Args:
+        params: initial parameters (copied, float64).
+        batches: list of (x, y), one per batch, in order (skipped ones included).
+        lrs: the float32 LR of each iteration (at least as many as the iterations reached).
+        corrections: {iteration: factor}.
+        momentum: mu.
+        skipped: the positions in `batches` whose step is skipped.
+        skip_advances_iteration: whether a skipped batch advances the iteration counter.
+        nesterov: Caffe2's Nesterov variant.
+        multipliers: per-parameter LR factor (list aligned with params), default all 1.
+        grad_fn: grad_fn(params, x, y) -> gradients; default `mlp_grads` in float64.
+
+    Returns:
+        (final parameters as float64 arrays, the iteration counter at the end).
+    """
+    params = [np.array(p, dtype=np.float64) for p in params]
+    velocity = [np.zeros_like(p) for p in params]
+    multipliers = multipliers or [1.0] * len(params)
+    grad_fn = grad_fn or (lambda p, x, y: mlp_grads(p, x.astype(np.float64), y.astype(np.float64)))
+    skipped = set(skipped)
+    it, last_applied = 0, -1
+    for position, (x, y) in enumerate(batches):
+        if position in skipped:
+            it += 1 if skip_advances_iteration else 0
+            continue
+        factor = 1.0
+        for due, value in corrections.items():
+            if last_applied < due <= it:
+                factor *= float(value)
+        velocity = [v * factor for v in velocity]
+        grads = [np.asarray(g, np.float64) for g in grad_fn(params, x, y)]
+        for i, (p, g) in enumerate(zip(params, grads)):
+            lr = float(np.float32(lrs[it]) * np.float32(multipliers[i]))
+            params[i], velocity[i] = _momentum_sgd(p, velocity[i], g, lr, momentum, nesterov)
+        last_applied = it
+        it += 1
+    return params, it
+
+
+def keras_loss_grad_fn(model, loss_scale=1.0):
+    """grad_fn for the reference trainers: the gradients of a plain (unscheduled, compiled) Keras `model`'s own
+    loss at the given weights, computed by TensorFlow under the dtype policy the model was built with.
+
+    For mixed precision only the gradient comes from TensorFlow (float16 / bfloat16 forward and backward, as the
+    scheduled model computes it); the update stays the reference's (float64 numpy). `loss_scale` multiplies the
+    loss before the backward pass and divides the gradients after it, as Keras' LossScaleOptimizer does (a power
+    of 2 changes no float16 mantissa, only keeps small gradients from underflowing to subnormals or zero).
+    """
+    import tensorflow as tf
+
+    variables = model.trainable_variables
+
+    @tf.function  # a graph, as Keras' train step (and one trace per batch shape instead of eager ops per batch)
+    def gradients(x, y):
+        with tf.GradientTape() as tape:
+            pred = model(x, training=True)
+            loss = model.compute_loss(x=x, y=y, y_pred=pred)
+            scaled = loss * tf.cast(loss_scale, loss.dtype)
+        grads = tape.gradient(scaled, variables)
+        return [tf.cast(g, tf.float32) * np.float32(1.0 / loss_scale) for g in grads]
+
+    def grad_fn(params, x, y):
+        for var, value in zip(variables, params):
+            var.assign(np.asarray(value, np.float32))
+        grads = gradients(tf.constant(np.asarray(x, np.float32)), tf.constant(np.asarray(y, np.float32)))
+        return [g.numpy() for g in grads]
+
+    return grad_fn
+
+
+def sharded_grad_fn(grad_fn, n):
+    """The gradient n Horovod ranks average: rank r takes rows [r*B/n, (r+1)*B/n) of a batch of B (as
+    `rankutil.shard_batches`), computes `grad_fn` on its part, and the n results are averaged."""
+
+    def averaged(params, x, y):
+        part = len(x) // n
+        per_rank = [grad_fn(params, x[r * part:(r + 1) * part], y[r * part:(r + 1) * part]) for r in range(n)]
+        return [np.mean([np.asarray(g[i], np.float64) for g in per_rank], axis=0) for i in range(len(per_rank[0]))]
+
+    return averaged
+
+
+def dynamic_scale_grad_fn(grad_fn_at_scale, initial_scale, skipped):
+    """grad_fn for `train_sgd_with_skips` with Keras' dynamic loss scale: it starts at `initial_scale` and halves at
+    every skipped step (no growth: Keras doubles it only after 2000 applied steps in a row).
+
+    Args:
+        grad_fn_at_scale: scale -> grad_fn (e.g. `lambda s: keras_loss_grad_fn(model, s)`).
+        initial_scale: the scale of the first step.
+        skipped: the skipped batch positions (as passed to `train_sgd_with_skips`).
+
+    Returns:
+        A grad_fn for ONE reference run: its k-th call is the k-th applied batch.
+    """
+    skipped = set(skipped)
+    calls = {"n": 0}
+
+    def grad_fn(params, x, y):
+        applied, position = -1, -1
+        while applied < calls["n"]:
+            position += 1
+            applied += position not in skipped
+        calls["n"] += 1
+        scale = initial_scale / 2.0 ** sum(1 for s in skipped if s < position)
+        return grad_fn_at_scale(scale)(params, x, y)
+
+    return grad_fn
+
+
+def momentum_step_residuals(trajectory, batches, lrs, corrections, momentum, grad_fn, *, skipped=(),
+                            skip_advances_iteration=True, multipliers=None, grad_transform=None):
+    """One reference step from each recorded state of a run, against the run's next recorded weights.
+
+    A trajectory in low precision cannot be followed step by step from the reference's own weights: a difference of
+    one float32 rounding moves a weight across a float16 rounding boundary of the forward pass now and then, and
+    the runs drift apart chaotically (up to ~2e-4 on the tests' MLP in 30 steps). Starting every step from the
+    run's own weights removes that: the gradient (`grad_fn`, e.g. `keras_loss_grad_fn`) is the one the run saw, and
+    what remains is this step's update, with this reference's LR and momentum correction, to float32 rounding.
+
+    Plain momentum only (w -= V, V = mu*V + lr*g, no Nesterov): V before a step is recovered from the run itself,
+    the weights before the last applied step minus those after it (0 before the first). A skipped batch (see
+    `train_sgd_with_skips`) must leave the weights exactly as they were; the step applied after it scales V by
+    every correction due since the last applied step.
+
+    Args:
+        trajectory: the run's weights before batch 0, then after each batch (len(batches) + 1 lists).
+        batches, lrs, corrections, momentum, skipped, skip_advances_iteration, multipliers: as
+            `train_sgd_with_skips`.
+        grad_fn: grad_fn(params, x, y) -> gradients.
+        grad_transform: optional (params, grads) -> grads applied before the update (e.g. Caffe2's weight decay,
+            `caffe2_param_grads`).
+
+    Returns:
+        The max abs residual of each batch (0.0 for a skipped one left exactly in place).
+    """
+    skipped = set(skipped)
+    states = [[np.asarray(w, np.float64) for w in weights] for weights in trajectory]
+    multipliers = multipliers or [1.0] * len(states[0])
+    residuals = []
+    it, last_applied, velocity = 0, -1, [np.zeros_like(w) for w in states[0]]
+    for position, (x, y) in enumerate(batches):
+        before, after = states[position], states[position + 1]
+        if position in skipped:
+            residuals.append(max(float(np.abs(a - b).max()) for a, b in zip(after, before)))
+            it += 1 if skip_advances_iteration else 0
+            continue
+        factor = 1.0
+        for due, value in corrections.items():
+            if last_applied < due <= it:
+                factor *= float(value)
+        grads = [np.asarray(g, np.float64) for g in grad_fn(trajectory[position], x, y)]
+        if grad_transform is not None:
+            grads = grad_transform(before, grads)
+        step = []
+        for i, (w, v, g) in enumerate(zip(before, velocity, grads)):
+            lr = float(np.float32(lrs[it]) * np.float32(multipliers[i]))
+            step.append(momentum * factor * v + lr * g)
+        residuals.append(max(float(np.abs(w - s - a).max()) for w, s, a in zip(before, step, after)))
+        velocity = [b - a for b, a in zip(before, after)]  # the run's own V after this step
+        last_applied = it
+        it += 1
+    return residuals

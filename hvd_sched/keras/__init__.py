@@ -30,7 +30,7 @@ from .build import build_optimizer, describe_optimizer, parameter_groups
 from .callbacks import LearningRateLogger, ScheduleCallback, horovod_callbacks
 from .checkpoint import EpochCheckpoint, latest_checkpoint, restore_latest
 from .distributed import AverageMetrics, BroadcastVariables, DistributedCheck, DistributedOptimizer
-from .elastic import ElasticLRScaler
+from .elastic import ElasticLRScaler, elastic_state
 from .guards import NonFiniteLossError, RankConsistencyCheck, RankMismatchError, StopOnNonFinite
 from .lr_schedule import ScheduleLR
 from .optimizer import ScheduledOptimizer, custom_objects, is_scheduled, load_model, scheduled_class, scheduled_of
@@ -39,5 +39,5 @@ __all__ = ["ScheduledOptimizer", "DistributedOptimizer", "ScheduleCallback", "Le
            "horovod_callbacks", "ScheduleLR", "is_scheduled", "scheduled_of", "scheduled_class", "custom_objects",
            "load_model", "EpochCheckpoint", "latest_checkpoint", "restore_latest", "StopOnNonFinite",
            "RankConsistencyCheck", "NonFiniteLossError", "RankMismatchError", "DistributedCheck",
-           "BroadcastVariables", "AverageMetrics", "ElasticLRScaler", "build_optimizer", "describe_optimizer",
+           "BroadcastVariables", "AverageMetrics", "ElasticLRScaler", "elastic_state", "build_optimizer", "describe_optimizer",
            "parameter_groups", "KERAS_MAJOR"]

@@ -7,17 +7,19 @@ module's names on a Keras 2 stack, `_keras3` has the same names for Keras 3; the
 tests/keras/test_hooks.py names every hook below and fails, naming it, when a Keras release changes it.
 """
 
+import re
+
 import tensorflow as tf
 from tensorflow.python.ops import control_flow_util  # XLA context of the graph being traced (no public API)
 
 __all__ = ["KERAS_MAJOR", "keras", "HOOKS", "OPTIMIZER_TYPES", "LearningRateSchedule", "is_optimizer",
-           "is_legacy", "is_sgd", "momentum_of", "variable_name", "variable_index", "momentum_slot",
-           "all_momentum_slots", "build_slots", "optimizer_variables", "unwrap", "loss_scale_wrapper_of",
-           "skips_iterations", "learning_rate_variable", "in_xla_compilation", "steps_per_execution",
-           "get_value", "register", "is_horovod_keras_wrapped", "scheduled_mixin", "distributed_optimizer",
-           "distribution_problem", "broadcast_callback", "metric_average_callback", "backing_variables",
-           "folds_factor", "is_variable", "scale_variable", "counts_skipped_steps", "BUILTIN_OPTIMIZERS",
-           "is_distributed"]
+           "is_legacy", "is_sgd", "momentum_of", "variable_name", "momentum_slot", "all_momentum_slots",
+           "build_slots", "optimizer_variables", "unwrap", "skips_iterations", "learning_rate_variable",
+           "in_xla_compilation", "steps_per_execution", "get_value", "register", "is_horovod_keras_wrapped",
+           "scheduled_mixin", "distributed_optimizer", "distribution_problem", "backing_variables", "folds_factor",
+           "is_variable", "scale_variable", "counts_skipped_steps", "BUILTIN_OPTIMIZERS", "is_distributed",
+           "layers_of",
+           "names_regex"]
 
 KERAS_MAJOR = 2
 keras = tf.keras
@@ -76,11 +78,9 @@ def variable_name(variable):
     return variable.name
 
 
-def variable_index(optimizer, variable):
-    """The index of `variable` among those the (built) optimizer trains."""
-    if is_legacy(optimizer):
-        return None  # legacy optimizers key their slots by variable, not by index
-    return optimizer._index_dict[optimizer._var_key(variable)]
+def names_regex(variables, model):
+    """A regex matching exactly the names of `variables` (of `model`): "^(?:dense/kernel:0|...)$"."""
+    return "^(?:" + "|".join(re.escape(variable_name(v)) for v in variables) + ")$"
 
 
 def momentum_slot(optimizer, variable):
@@ -135,16 +135,16 @@ def backing_variables(variables):
     return list(variables)
 
 
+def layers_of(model):
+    """The model and every layer inside it."""
+    return [model, *model.submodules]
+
+
 def unwrap(optimizer):
     """The optimizer a LossScaleOptimizer wraps (mixed precision), else `optimizer` itself."""
     while isinstance(optimizer, _LOSS_SCALE):
         optimizer = optimizer.inner_optimizer
     return optimizer
-
-
-def loss_scale_wrapper_of(optimizer):
-    """None: Keras 2 marks the wrapped optimizer, but every rank decides the same (after Horovod's allreduce)."""
-    return None
 
 
 def counts_skipped_steps(optimizer):
@@ -208,18 +208,6 @@ def distribution_problem(optimizer):
     return None
 
 
-def broadcast_callback(root_rank):
-    import horovod.tensorflow.keras as hvd
-
-    return hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank)
-
-
-def metric_average_callback():
-    import horovod.tensorflow.keras as hvd
-
-    return hvd.callbacks.MetricAverageCallback()
-
-
 # The per-version half of ScheduledOptimizer. `hvd_sched.keras._scheduled` builds each scheduled class as
 # (mixin, _ScheduledBase, the Keras class); the mixins call the base's `_hvd_sched_*` methods for everything that
 # does not depend on Keras' internals.
@@ -249,9 +237,7 @@ class _NewMixin(_StepStart):
 
     @learning_rate.setter
     def learning_rate(self, learning_rate):
-        if getattr(self, "_hvd_sched", None) is not None:
-            raise TypeError("the learning rate of a ScheduledOptimizer comes from its schedule and cannot be set; "
-                            "build a new schedule (or use hvd_sched.keras.ScheduleCallback with a plain optimizer)")
+        self._hvd_sched_refuse_new_lr()
         _NEW.learning_rate.fset(self, learning_rate)
 
     def update_step(self, gradient, variable):

@@ -10,34 +10,19 @@ once per step to the variable `Options.step_factor` (1.0 on steps without a corr
 update reads, also inside the per-variable XLA function Keras 2 traces on a GPU (`_update_step_xla`).
 """
 
-import os
-
 import numpy as np
 import tensorflow as tf
 
 from .. import _validation
-from . import _backend, _slots
+from . import _backend, _horovod, _slots
 from ._tables import as_schedule, correction_table, graph_factor, graph_factor_since
 from .lr_schedule import ScheduleLR
 
-__all__ = ["ScheduledBase", "check_rules", "BOTH_DECAYS", "XLA_WITH_HOROVOD", "horovod_xla_ops_enabled"]
+__all__ = ["ScheduledBase", "check_rules", "BOTH_DECAYS"]
 
 BOTH_DECAYS = ("weight_decays= (coupled L2: grad += decay * w before the update, Detectron/Caffe2) and the "
                "optimizer's own weight_decay={wd!r} ({cls}: decoupled, w -= lr * wd * w after it) would both decay "
                "the weights; build the optimizer without weight_decay= (e.g. tf.keras.optimizers.SGD(momentum=0.9))")
-
-XLA_WITH_HOROVOD = (
-    "hvd_sched: the whole train step is XLA-compiled (model.compile(..., jit_compile=True){auto}) and contains "
-    "Horovod's collectives, which have no XLA kernels here (Horovod has them only in GPU builds that include "
-    "xla_mpi_ops.cc, with HOROVOD_ENABLE_XLA_OPS=1); compile the model with model.compile(..., "
-    "jit_compile=False). The optimizer's own per-variable XLA update (Keras 2 optimizers' jit_compile, on by "
-    "default on a GPU) works with hvd_sched.")
-
-
-def horovod_xla_ops_enabled():
-    """True when the user turned Horovod's own XLA ops on (then an XLA-compiled step is theirs to try)."""
-    return os.environ.get("HOROVOD_ENABLE_XLA_OPS", "").strip().lower() in ("1", "true", "yes", "on")
-
 
 class Options:
     """The wrapper's settings and step state, kept out of TensorFlow's attribute tracking (which wraps dicts and
@@ -216,6 +201,11 @@ class ScheduledBase:
 
     # -- the step: called by the per-version mixins ------------------------------------------------------------
 
+    def _hvd_sched_refuse_new_lr(self):
+        if getattr(self, "_hvd_sched", None) is not None:
+            raise TypeError("the learning rate of a ScheduledOptimizer comes from its schedule and cannot be set; "
+                            "build a new schedule (or use hvd_sched.keras.ScheduleCallback with a plain optimizer)")
+
     def _hvd_sched_rules_for(self, name):
         return self._hvd_sched.rules_for(name)
 
@@ -226,9 +216,9 @@ class ScheduledBase:
             variables: every variable of the step; trained: those with a gradient; name: Keras' name scope.
         """
         options = self._hvd_sched
-        if _backend.is_horovod_keras_wrapped(self) and _backend.in_xla_compilation() \
-                and not horovod_xla_ops_enabled():
-            raise ValueError(XLA_WITH_HOROVOD.format(auto=""))
+        if _backend.KERAS_MAJOR == 2 and _backend.is_horovod_keras_wrapped(self) \
+                and _backend.in_xla_compilation() and not _horovod.xla_ops_enabled():
+            raise ValueError(_horovod.XLA_WITH_HOROVOD.format(auto=""))
         if (options.multipliers or options.decays) and not options.rules_checked:
             check_rules(options, [_name(v) for v in trained])  # a typo would silently train at the base rules
             options.rules_checked = True

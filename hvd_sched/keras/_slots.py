@@ -1,4 +1,4 @@
-"""Which optimizers carry the LR in their slots, the correction mode that follows, and the Horovod rank.
+"""Which optimizers carry the LR in their slots, and the correction mode that follows.
 
 Only SGD with momentum keeps a buffer that carries the learning rate inside it (Keras: m = mu*m - lr*g, the
 negative of Detectron's V = mu*V + lr*g, in Keras 2 and Keras 3 alike), so only there does rescaling the slots by
@@ -8,7 +8,7 @@ new_lr/old_lr mean anything.
 from ..momentum import MODES
 from . import _backend
 
-__all__ = ["slots_carry_lr", "resolve_correction_mode", "rank"]
+__all__ = ["slots_carry_lr", "resolve_correction_mode"]
 
 
 def slots_carry_lr(optimizer):
@@ -37,15 +37,3 @@ def resolve_correction_mode(optimizer, schedule, momentum_correction):
             f"{type(optimizer).__name__} (momentum={getattr(optimizer, 'momentum', None)!r}) has no slots that "
             "carry the learning rate; use tf.keras.optimizers.SGD(momentum=0.9) or pass momentum_correction='off'")
     return momentum_correction
-
-
-def rank():
-    """This process's Horovod rank, or 0 when Horovod is not initialised (single-process Keras)."""
-    try:
-        import horovod.tensorflow as hvd
-    except ImportError:
-        return 0
-    try:
-        return hvd.rank() if hvd.is_initialized() else 0
-    except ValueError:
-        return 0

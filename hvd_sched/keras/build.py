@@ -27,8 +27,6 @@ first match wins), kept by `get_config`, so `hvd.DistributedOptimizer`'s rebuild
 `hvd_sched.keras.load_model` and `tf.train.Checkpoint` keep them.
 """
 
-import re
-
 from .. import Schedule, _validation, from_detectron
 from . import _backend
 from .optimizer import ScheduledOptimizer, scheduled_of
@@ -70,7 +68,7 @@ def parameter_groups(model):
     """
     _check_model(model)
     tagged = {}
-    for layer in [model, *model.submodules]:
+    for layer in _backend.layers_of(model):
         if not isinstance(layer, _keras.layers.Layer):
             continue
         if isinstance(layer, _NORM_LAYERS):
@@ -86,10 +84,6 @@ def parameter_groups(model):
     for variable in model.trainable_variables:
         groups[tagged.get(id(variable), "kernel")].append(variable)
     return groups
-
-
-def _names_regex(variables):
-    return "^(?:" + "|".join(re.escape(_backend.variable_name(v)) for v in variables) + ")$"
 
 
 def _solver_schedule(solver, world_size, steps_per_epoch, dialect):
@@ -117,7 +111,7 @@ def _dialect_rules(schedule, model, groups, bias_lr_factor, bias_weight_decay, n
     """
     dialect, decay = schedule.dialect, float(schedule.weight_decay)
     if dialect == "video_nonlocal":
-        batch_norm = {id(v) for layer in [model, *model.submodules]
+        batch_norm = {id(v) for layer in _backend.layers_of(model)
                       if isinstance(layer, _keras.layers.BatchNormalization) for v in layer.trainable_weights}
         norm = groups["norm_shift"] + groups["norm_scale"]
         bn_decay = schedule.weight_decay_bn if norm_weight_decay is None else norm_weight_decay
@@ -197,9 +191,9 @@ def build_optimizer(solver, model, *, world_size=None, steps_per_epoch=None, dia
     weight_decays, lr_multipliers = {}, {}
     for variables, decay, factor in rules:
         if variables:
-            weight_decays[_names_regex(variables)] = decay
+            weight_decays[_backend.names_regex(variables, model)] = decay
             if factor != 1.0:
-                lr_multipliers[_names_regex(variables)] = factor
+                lr_multipliers[_backend.names_regex(variables, model)] = factor
     if groups["kernel"]:
         weight_decays[""] = float(schedule.weight_decay)
 

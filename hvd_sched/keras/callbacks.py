@@ -7,7 +7,7 @@ schedule where the checkpoint left it.
 import sys
 
 from ..momentum import correction_factor
-from . import _backend, _slots
+from . import _backend, _horovod, _slots
 from ._tables import as_schedule
 from ._tracking import IterationTracker
 from .distributed import distributed_callbacks
@@ -21,7 +21,7 @@ LOG_KEY = "learning_rate"
 
 def _say_correction(iteration, old_lr, new_lr, factor):
     """The one line, on rank 0, that announces a momentum correction."""
-    if _slots.rank() == 0:
+    if _horovod.rank() == 0:
         print(f"hvd_sched: momentum correction at iteration {iteration}: lr {old_lr:.6g} -> {new_lr:.6g}, "
               f"momentum slots scaled by {factor:.6g}", file=sys.stdout, flush=True)
 

@@ -20,7 +20,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from . import _backend, _slots
+from . import _backend, _horovod
 
 __all__ = ["EpochCheckpoint", "latest_checkpoint", "restore_latest"]
 
@@ -79,7 +79,7 @@ def restore_latest(directory, model, optimizer=None):
         _backend.build_slots(optimizer, model.trainable_variables)
         checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
         checkpoint.read(os.path.join(meta["path"], _PREFIX)).assert_existing_objects_matched()
-    hvd = _horovod()
+    hvd = _initialized_horovod()
     if hvd is not None and hvd.size() > 1:
         meta = hvd.broadcast_object(meta, root_rank=0, name="hvd_sched_restore_meta")
         if meta is not None:
@@ -89,7 +89,7 @@ def restore_latest(directory, model, optimizer=None):
     return meta
 
 
-def _horovod():
+def _initialized_horovod():
     try:
         import horovod.tensorflow as hvd
     except ImportError:
@@ -124,7 +124,7 @@ class EpochCheckpoint(_backend.keras.callbacks.Callback):
         self.root_rank = root_rank
 
     def on_epoch_end(self, epoch, logs=None):
-        if _slots.rank() != self.root_rank:
+        if _horovod.rank() != self.root_rank:
             return
         loss = (logs or {}).get("loss")
         if loss is not None and not np.isfinite(loss):

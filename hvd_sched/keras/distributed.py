@@ -15,8 +15,7 @@ Wrap the scheduled optimizer, not the other way round:
 `DistributedOptimizer(ScheduledOptimizer(SGD(momentum=0.9), schedule))`.
 """
 
-from . import _backend
-from ._scheduled import XLA_WITH_HOROVOD
+from . import _backend, _horovod
 
 __all__ = ["DistributedOptimizer", "distributed_callbacks", "DistributedCheck", "BroadcastVariables",
            "AverageMetrics"]
@@ -88,7 +87,7 @@ class DistributedCheck(_backend.keras.callbacks.Callback):
         if not _backend.is_distributed(optimizer):
             raise ValueError(_NOT_AVERAGED.format(name=type(optimizer).__name__, size=hvd.size()))
         if _backend.KERAS_MAJOR == 3 and getattr(self.model, "jit_compile", False):
-            raise ValueError(XLA_WITH_HOROVOD.format(
+            raise ValueError(_horovod.XLA_WITH_HOROVOD.format(
                 auto="; Keras 3's default jit_compile='auto' turns it on wherever a GPU is visible"))
 
 
@@ -147,7 +146,9 @@ def distributed_callbacks(root_rank=0, average_metrics=True):
         if average_metrics:
             callbacks.append(AverageMetrics())
     else:
-        callbacks.append(_backend.broadcast_callback(root_rank))
+        import horovod.tensorflow.keras as hvd
+
+        callbacks.append(hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank))
         if average_metrics:
-            callbacks.append(_backend.metric_average_callback())
+            callbacks.append(hvd.callbacks.MetricAverageCallback())
     return callbacks

@@ -9,17 +9,49 @@ jump is corrected (Goyal et al. 2017, sec. 2.1). The iteration counter lives in 
 schedule for the size it starts with and receives the slots from rank 0 in the state sync.
 """
 
-from . import _slots
+from . import _backend, _horovod
 from .optimizer import scheduled_of
 
-__all__ = ["ElasticLRScaler"]
+__all__ = ["ElasticLRScaler", "elastic_state"]
+
+
+def elastic_state(model, **kwargs):
+    """Horovod's elastic state of a compiled model and its optimizer, for `hvd.elastic.run`.
+
+    Keras 2: `horovod.tensorflow.keras.elastic.KerasState(model, **kwargs)`. Keras 3, where that class calls
+    Keras 2 APIs (`optimizer.variables()`): Horovod's `horovod.tensorflow.elastic.TensorFlowState` over the
+    `tf.Variable`s behind every model and optimizer variable (the optimizer is built first, so its slots and
+    iteration count are part of the state). Either way Horovod saves, restores and broadcasts the state.
+
+    Example:
+        >>> state = hvd_sched.keras.elastic_state(model, batch=0, epoch=0)
+        >>> state.register_reset_callbacks([hvd_sched.keras.ElasticLRScaler(model.optimizer)])
+
+    Args:
+        model: the compiled model.
+        **kwargs: extra state attributes (`batch=0, epoch=0` for Horovod's Keras elastic callbacks).
+
+    Returns:
+        The Horovod state object.
+    """
+    if _backend.KERAS_MAJOR == 2:
+        import horovod.tensorflow.keras as hvd
+
+        return hvd.elastic.KerasState(model, **kwargs)
+    from horovod.tensorflow.elastic import TensorFlowState
+
+    _backend.build_slots(model.optimizer, model.trainable_variables)
+    variables = list(model.variables) + _backend.optimizer_variables(model.optimizer)
+    state = TensorFlowState(_backend.backing_variables(variables), **kwargs)
+    state.model, state.optimizer = model, model.optimizer  # as on KerasState (not synced: the variables are)
+    return state
 
 
 class ElasticLRScaler:
     """A reset callback for `hvd.elastic.KerasState.register_reset_callbacks`.
 
     Example:
-        >>> state = hvd.elastic.KerasState(model, batch=0, epoch=0)
+        >>> state = hvd_sched.keras.elastic_state(model, batch=0, epoch=0)  # Keras 2: hvd.elastic.KerasState
         >>> state.register_reset_callbacks([hvd_sched.keras.ElasticLRScaler(model.optimizer)])
 
     Args:
@@ -47,6 +79,6 @@ class ElasticLRScaler:
         iteration = int(self.optimizer.iterations.numpy())
         self.history.append({"iteration": iteration, "world_size": size, "old_scale": old_scale, "scale": scale,
                              "slot_factor": factor})
-        if self.verbose and _slots.rank() == 0:
+        if self.verbose and _horovod.rank() == 0:
             print(f"hvd_sched: world size is now {size} at iteration {iteration}: LR scale {old_scale:g} -> "
                   f"{scale:g}, momentum slots scaled by {factor:g}", flush=True)

@@ -12,7 +12,7 @@ A scheduler that hangs 64 GPUs, or silently trains ranks with different learning
 import json
 import math
 
-from . import _backend, _slots
+from . import _backend, _horovod
 from ._tracking import IterationTracker
 from .optimizer import scheduled_of
 
@@ -63,7 +63,7 @@ class StopOnNonFinite(IterationTracker):
                      else "; no checkpoint was written yet")
         self.model.stop_training = True
         raise NonFiniteLossError(f"hvd_sched: loss is {float(loss)} at iteration {iteration} on rank "
-                                 f"{_slots.rank()} (learning rate in force {lr:.6g}); stopping training{where}")
+                                 f"{_horovod.rank()} (learning rate in force {lr:.6g}); stopping training{where}")
 
 
 def _describe(model, schedule):

@@ -13,6 +13,7 @@ import tensorflow as tf
 import dialect_reference as ref
 from hvd_sched import from_detectron
 from hvd_sched.keras import build_optimizer
+from stackutil import variable_name
 
 SOLVERS = {
     "detectron": {"BASE_LR": 0.01, "LR_POLICY": "steps_with_decay", "STEPS": [0, 50], "MAX_ITER": 100,
@@ -38,7 +39,8 @@ def _model():
 
 def _caffe2_tags(variable):
     """(is_bias, is_gn, Caffe2-style name) of a Keras parameter of ``_model``."""
-    layer, kind = variable.name.split("/")[0], variable.name.split("/")[-1].split(":")[0]
+    name = variable_name(variable)
+    layer, kind = name.split("/")[0], name.split("/")[-1].split(":")[0]
     is_bias = kind in ("bias", "beta")
     name = {"gamma": f"{layer}_s", "beta": f"{layer}_b", "bias": f"{layer}_b", "kernel": f"{layer}_w"}[kind]
     return is_bias, layer == "gn", name
@@ -58,8 +60,8 @@ def test_each_parameter_gets_its_repositorys_rule(dialect):
             # Detectron never trains a BN (AffineChannel is frozen); a trainable BN scale gets the norm decay
             # WEIGHT_DECAY_GN, as Goyal et al. exempt BN (issue 11), not WEIGHT_DECAY.
             decay = cfg["WEIGHT_DECAY_GN"]
-        assert optimizer.lr_multiplier_for(variable) == multiplier, variable.name
-        assert np.isclose(optimizer.weight_decay_for(variable), decay, rtol=0, atol=0), variable.name
+        assert optimizer.lr_multiplier_for(variable) == multiplier, variable_name(variable)
+        assert np.isclose(optimizer.weight_decay_for(variable), decay, rtol=0, atol=0), variable_name(variable)
     expected_nesterov = {"detectron": False, "large_scale_vrd": False, "video_nonlocal": True}[dialect]
     assert optimizer.nesterov is expected_nesterov
 
@@ -68,7 +70,7 @@ def test_a_schedule_of_a_dialect_carries_its_rules():
     model = _model()
     schedule = from_detectron(SOLVERS["video_nonlocal"], dialect="video_nonlocal")
     optimizer = build_optimizer(schedule, model)
-    bias = next(v for v in model.trainable_variables if v.name.startswith("fc/bias"))
+    bias = next(v for v in model.trainable_variables if variable_name(v).startswith("fc/bias"))
     assert optimizer.weight_decay_for(bias) == 1e-4 and optimizer.lr_multiplier_for(bias) == 1.0
 
 

@@ -11,7 +11,9 @@ import sys
 import numpy as np
 import tensorflow as tf
 
+import hvd_sched.keras
 import rankutil
+from stackutil import variable_name
 from hvd_sched.keras import build_optimizer, describe_optimizer, horovod_callbacks
 from reference import (caffe2_group, detectron_corrections, detectron_lr, make_conv_data, make_conv_model,
                        tape_grad_fn, train_caffe2_sgd)
@@ -37,7 +39,7 @@ if mode == "ranks":
     r, n = hvd.rank(), hvd.size()
     # Rank r takes rows r, r + n, r + 2n, ... of every global batch: Keras' virtual batches interleave the same way.
     part = lambda a: a.reshape(STEPS, GLOBAL_BATCH // n, n, *a.shape[1:])[:, :, r].reshape(-1, *a.shape[1:])
-    model.compile(hvd.DistributedOptimizer(opt), "mse")
+    model.compile(hvd_sched.keras.DistributedOptimizer(opt), "mse")
     model.fit(part(x), part(y), batch_size=GLOBAL_BATCH // n, callbacks=horovod_callbacks(), **fit)
     rankutil.emit({"weights": [v.numpy() for v in model.trainable_variables],
                    "iterations": int(model.optimizer.iterations.numpy()), "class": type(model.optimizer).__name__,
@@ -50,7 +52,7 @@ else:
     plain = make_conv_model(seed=1, half_batch=GLOBAL_BATCH // 2)
     reference = train_caffe2_sgd(initial, batches * EPOCHS, [detectron_lr(it, SOLVER) for it in range(N_ITERS)],
                                  detectron_corrections(N_ITERS, SOLVER), 0.9, tape_grad_fn(plain),
-                                 [caffe2_group(v.name) for v in model.trainable_variables],
+                                 [caffe2_group(variable_name(v)) for v in model.trainable_variables],
                                  weight_decay=WD, weight_decay_gn=WD_NORM)
     rankutil.emit({"weights": [v.numpy() for v in model.trainable_variables], "reference": reference,
                    "iterations": int(model.optimizer.iterations.numpy())}, rank=0)

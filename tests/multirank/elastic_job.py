@@ -18,7 +18,9 @@ import horovod.common.elastic
 import horovod.tensorflow.keras as hvd
 
 import hvd_sched
+import hvd_sched.keras
 import rankutil
+from stackutil import KERAS_MAJOR
 from hvd_sched.keras import ElasticLRScaler, ScheduledOptimizer
 
 EPOCHS, STEPS, BATCH = 4, 20, 8
@@ -31,14 +33,14 @@ schedule = hvd_sched.from_detectron({
     "BASE_LR": hvd_sched.linear_scaled_lr(0.05, hvd.size()), "LR_POLICY": "steps_with_decay", "GAMMA": 0.5,
     "STEPS": [0, 40], "MAX_ITER": EPOCHS * STEPS, "WARM_UP_ITERS": 10, "WARM_UP_METHOD": "linear"})
 model = rankutil.make_mlp(seed=1)
-model.compile(hvd.DistributedOptimizer(ScheduledOptimizer(tf.keras.optimizers.SGD(momentum=0.9), schedule)), "mse")
+model.compile(hvd_sched.keras.DistributedOptimizer(ScheduledOptimizer(tf.keras.optimizers.SGD(momentum=0.9), schedule)), "mse")
 optimizer = model.optimizer
 scaler = ElasticLRScaler(optimizer)
 records = {"start_size": hvd.size(), "batches": [], "resets": []}
 
 
 def slot_sum():
-    return float(sum(np.abs(m.numpy()).sum() for m in optimizer.momentums))
+    return float(sum(np.abs(np.asarray(m.numpy())).sum() for m in hvd_sched.keras.scheduled_of(optimizer).momentums))
 
 
 def before_reset():
@@ -52,7 +54,10 @@ def after_reset():
 class Record(tf.keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         it = int(optimizer.iterations.numpy()) - 1  # the iteration this batch ran
-        records["batches"].append({"it": it, "size": hvd.size(), "lr_used": float(optimizer.learning_rate.numpy()),
+        # The LR the step used: Keras 2 keeps it in a variable; Keras 3 evaluates the schedule when asked, so the
+        # same in-graph schedule is evaluated at this batch's iteration.
+        lr_used = (optimizer.learning_rate if KERAS_MAJOR == 2 else optimizer._learning_rate(tf.constant(it, tf.int64)))
+        records["batches"].append({"it": it, "size": hvd.size(), "lr_used": float(lr_used.numpy()),
                                    "lr_scheduled": optimizer.lr_at(it), "lr_table": schedule.lr_at(it)})
         if hvd.rank() == 0:
             with open(os.path.join(OUT, "progress.tmp"), "w") as f:
@@ -73,7 +78,7 @@ hosts_updated = threading.Event()
 
 
 listener = HostsUpdated()
-state = hvd.elastic.KerasState(model, batch=0, epoch=0)
+state = hvd_sched.keras.elastic_state(model, batch=0, epoch=0)  # Keras 2: hvd.elastic.KerasState
 state.register_reset_callbacks([before_reset, scaler, after_reset])
 callbacks = [hvd.elastic.CommitStateCallback(state), hvd.elastic.UpdateBatchStateCallback(state),
              hvd.elastic.UpdateEpochStateCallback(state), Record()]

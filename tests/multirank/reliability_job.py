@@ -15,6 +15,7 @@ import tensorflow as tf
 import horovod.tensorflow.keras as hvd
 
 import hvd_sched
+import hvd_sched.keras
 import rankutil
 from hvd_sched.keras import EpochCheckpoint, ScheduledOptimizer, horovod_callbacks, restore_latest
 
@@ -47,7 +48,7 @@ if rank == 1 and args.rank1_base_lr is not None:
 schedule = hvd_sched.from_detectron(solver)
 
 model = rankutil.make_mlp(seed=1)
-model.compile(hvd.DistributedOptimizer(ScheduledOptimizer(tf.keras.optimizers.SGD(momentum=0.9), schedule)), "mse")
+model.compile(hvd_sched.keras.DistributedOptimizer(ScheduledOptimizer(tf.keras.optimizers.SGD(momentum=0.9), schedule)), "mse")
 
 meta = restore_latest(args.ckpt, model) if args.resume else None
 start = 0 if meta is None else meta["epoch"] + 1

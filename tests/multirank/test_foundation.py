@@ -27,10 +27,13 @@ hvd.init()
 r, n = hvd.rank(), hvd.size()
 xs, ys = rankutil.shard_batches(x, y, GLOBAL_BATCH, r, n)  # rank r: the r-th half of every global batch
 m = model()
-opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1, momentum=0.9))
+import hvd_sched.keras
+from stackutil import KERAS_MAJOR
+opt = hvd_sched.keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.1, momentum=0.9))  # Keras 2: Horovod's own
 m.compile(opt, "mse")
-m.fit(xs, ys, batch_size=GLOBAL_BATCH // n, epochs=2, shuffle=False, verbose=0,
-      callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+broadcast = (hvd.callbacks.BroadcastGlobalVariablesCallback(0) if KERAS_MAJOR == 2
+             else hvd_sched.keras.BroadcastVariables(0))  # Horovod's callbacks need Keras 2
+m.fit(xs, ys, batch_size=GLOBAL_BATCH // n, epochs=2, shuffle=False, verbose=0, callbacks=[broadcast])
 rankutil.emit({"size": n, "weights": m.get_weights(), "iterations": int(m.optimizer.iterations.numpy())})
 """
 

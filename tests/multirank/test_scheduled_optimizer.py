@@ -15,7 +15,7 @@ pytestmark = pytest.mark.multirank
 
 COMMON = """
 import json, sys, numpy as np, tensorflow as tf
-import hvd_sched, rankutil
+import hvd_sched, hvd_sched.keras, rankutil
 from hvd_sched.keras import ScheduledOptimizer, ScheduleCallback, horovod_callbacks
 tf.config.experimental.enable_op_determinism()
 GLOBAL_BATCH, STEPS, EPOCHS = 16, 10, 3
@@ -41,7 +41,7 @@ hvd.init()
 r, n = hvd.rank(), hvd.size()
 xs, ys = rankutil.shard_batches(x, y, GLOBAL_BATCH, r, n)
 m = model()
-m.compile(optimizer(hvd.DistributedOptimizer), "mse")
+m.compile(optimizer(hvd_sched.keras.DistributedOptimizer), "mse")  # Keras 2: Horovod's own
 cb = horovod_callbacks(ScheduleCallback(schedule) if PATH == "callback" else None)
 h = m.fit(xs, ys, batch_size=GLOBAL_BATCH // n, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=cb)
 rankutil.emit({"weights": m.get_weights(), "lr": h.history["learning_rate"], "loss": h.history["loss"],

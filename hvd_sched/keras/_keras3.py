@@ -1,0 +1,348 @@
+"""Every Keras 3 internal hvd_sched relies on (Keras 3.15 on the TensorFlow backend), in one place.
+
+The same names as `_keras2` (`hvd_sched.keras._backend` exports one of the two). Keras 3 differs where it
+matters here:
+
+- the optimizer's step is `apply(grads, trainable_variables)`; `update_step(gradient, variable, learning_rate)`
+  receives the step's LR as an argument (the schedule is evaluated once per step) and, on the TensorFlow
+  backend, the backing `tf.Variable` of each Keras variable; the slots are `optimizer.momentums[index]`;
+- `train_step` calls `optimizer.apply_gradients` directly, so Horovod 0.28.1's Keras `DistributedOptimizer`,
+  whose allreduce sits in hooks Keras 3 never calls, trains the ranks apart without an error (horovod #4290).
+  `distributed_optimizer` averages in `apply` instead, with Horovod's TensorFlow collectives, and importing
+  this module makes Horovod's Keras wrapper raise (see `_refuse_horovod_keras_wrapper`);
+- a `LossScaleOptimizer` that skips a step (non-finite gradients) does not advance `iterations`, and decides
+  on the gradients it is given, so the distributed optimizer must be outside it.
+
+tests/keras/test_hooks.py names every hook below and fails, naming it, when a Keras release changes it.
+"""
+
+import re
+
+import keras
+import tensorflow as tf
+from keras import ops
+from tensorflow.python.ops import control_flow_util  # XLA context of the graph being traced (no public API)
+
+from . import _horovod
+
+__all__ = ["KERAS_MAJOR", "keras", "HOOKS", "OPTIMIZER_TYPES", "LearningRateSchedule", "is_optimizer",
+           "is_legacy", "is_sgd", "momentum_of", "variable_name", "momentum_slot", "all_momentum_slots",
+           "build_slots", "optimizer_variables", "unwrap", "skips_iterations", "learning_rate_variable",
+           "in_xla_compilation", "steps_per_execution", "get_value", "register", "is_horovod_keras_wrapped",
+           "scheduled_mixin", "distributed_optimizer", "distribution_problem", "backing_variables", "folds_factor",
+           "is_variable", "scale_variable", "counts_skipped_steps", "BUILTIN_OPTIMIZERS", "is_distributed",
+           "layers_of",
+           "names_regex"]
+
+KERAS_MAJOR = 3
+LearningRateSchedule = keras.optimizers.schedules.LearningRateSchedule
+_OPTIMIZER = keras.optimizers.Optimizer
+_SGD = keras.optimizers.SGD
+_LOSS_SCALE = keras.optimizers.LossScaleOptimizer
+OPTIMIZER_TYPES = (_OPTIMIZER,)
+BUILTIN_OPTIMIZERS = (keras.optimizers.SGD, keras.optimizers.Adam, keras.optimizers.AdamW, keras.optimizers.RMSprop,
+                      keras.optimizers.Nadam, keras.optimizers.Adagrad)
+
+#: The Keras/TensorFlow internals used here: (owner, attribute). tests/keras/test_hooks.py checks each exists.
+HOOKS = (
+    (_OPTIMIZER, "_get_variable_index"), (_OPTIMIZER, "_trainable_variables"), (_OPTIMIZER, "_iterations"),
+    (_OPTIMIZER, "update_step"), (_OPTIMIZER, "apply"), (_OPTIMIZER, "assign"), (_OPTIMIZER, "assign_add"),
+    (_SGD, "momentums"), (_LOSS_SCALE, "inner_optimizer"), (_LOSS_SCALE, "loss_scale_factor"),
+    (keras.Model, "_flatten_layers"), (keras.Model, "steps_per_execution"), (keras.Variable, "value"),
+    (keras.Variable, "path"), (control_flow_util, "GraphOrParentsInXlaContext"),
+)
+
+
+def is_optimizer(obj):
+    """True for a Keras optimizer; a LossScaleOptimizer counts too."""
+    return isinstance(obj, _OPTIMIZER)
+
+
+def is_legacy(optimizer):
+    """False: Keras 3 has no legacy (OptimizerV2) optimizers."""
+    return False
+
+
+def is_sgd(optimizer):
+    return isinstance(optimizer, _SGD)
+
+
+def momentum_of(optimizer):
+    momentum = getattr(optimizer, "momentum", 0.0)
+    return float(momentum) if isinstance(momentum, (int, float)) else 1.0
+
+
+def is_variable(obj):
+    return isinstance(obj, (keras.Variable, tf.Variable))
+
+
+def variable_name(variable):
+    """The name the per-variable rules match: the Keras variable's `path`, e.g. "sequential/dense/kernel"."""
+    path = getattr(variable, "path", None)
+    return path if path is not None else variable.name
+
+
+def names_regex(variables, model):
+    """A regex matching exactly the paths of `variables` (of `model`), with or without the model's own name in
+    front: a Sequential model built by adding layers gives "sequential/dense/kernel", the same model loaded by
+    `load_model` "dense/kernel"."""
+    prefix = model.name + "/"
+    paths = [variable_name(v) for v in variables]
+    paths = [p[len(prefix):] if p.startswith(prefix) else p for p in paths]
+    return "(?:^|/)(?:" + "|".join(re.escape(p) for p in paths) + ")$"
+
+
+def momentum_slot(optimizer, variable):
+    """The momentum slot of `variable`, or None (none yet, or no momentum)."""
+    momentums = getattr(optimizer, "momentums", None)
+    if not momentums:
+        return None
+    try:
+        return momentums[optimizer._get_variable_index(variable)]
+    except KeyError:
+        return None
+
+
+def all_momentum_slots(optimizer):
+    """Every momentum slot a built optimizer has (none before it is built)."""
+    return list(getattr(unwrap(optimizer), "momentums", None) or [])
+
+
+def scale_variable(variable, factor):
+    """variable *= factor (eagerly, between steps)."""
+    variable.assign(ops.multiply(variable, ops.cast(factor, variable.dtype)))
+
+
+def build_slots(optimizer, variables, name=None):
+    """Build the optimizer (its slots) for `variables` now, unless it is built (Keras 3's `build` runs once)."""
+    if not optimizer.built:
+        with tf.init_scope():
+            optimizer.build(list(variables))
+
+
+def optimizer_variables(optimizer):
+    return list(optimizer.variables)
+
+
+def backing_variables(variables):
+    """The `tf.Variable` behind each Keras variable (what Horovod's TensorFlow collectives take)."""
+    return [v.value if isinstance(v, keras.Variable) else v for v in variables]
+
+
+def unwrap(optimizer):
+    """The optimizer a LossScaleOptimizer wraps (mixed precision), else `optimizer` itself."""
+    while isinstance(optimizer, _LOSS_SCALE):
+        optimizer = optimizer.inner_optimizer
+    return optimizer
+
+
+def counts_skipped_steps(optimizer):
+    """False: Keras 3's LossScaleOptimizer does not advance `iterations` on a skipped step."""
+    return False
+
+
+def skips_iterations(optimizer):
+    """True for a LossScaleOptimizer: the steps it skips do not count, so batch index and iteration part."""
+    return isinstance(optimizer, _LOSS_SCALE)
+
+
+def learning_rate_variable(optimizer):
+    """The variable holding a float learning rate, or None when the LR is a schedule."""
+    lr = getattr(unwrap(optimizer), "_learning_rate", None)
+    return lr if isinstance(lr, keras.Variable) else None
+
+
+def in_xla_compilation():
+    """True while tracing inside `tf.function(jit_compile=True)` (TensorFlow enters an XLA control-flow context)."""
+    return control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
+def steps_per_execution(model):
+    return int(getattr(model, "steps_per_execution", 1) or 1)
+
+
+def get_value(x):
+    return ops.convert_to_numpy(x)
+
+
+def register(cls, package="hvd_sched"):
+    return keras.saving.register_keras_serializable(package=package)(cls)
+
+
+def layers_of(model):
+    """The model and every layer inside it."""
+    return list(model._flatten_layers(include_self=True))
+
+
+def is_horovod_keras_wrapped(optimizer):
+    """True for the class `horovod.tensorflow.keras.DistributedOptimizer` builds (it does not average here)."""
+    optimizer = unwrap(optimizer)
+    return type(optimizer).__module__.startswith("horovod.") or hasattr(optimizer, "_allreduce_grads")
+
+
+def is_distributed(optimizer):
+    """True for an optimizer that averages gradients over Horovod ranks: hvd_sched's, outermost (also around a
+    LossScaleOptimizer), or a plain one Keras put inside a LossScaleOptimizer."""
+    return isinstance(optimizer, _DistributedMixin) or isinstance(unwrap(optimizer), _DistributedMixin)
+
+
+_HOROVOD_KERAS = ("hvd_sched: horovod.tensorflow.keras.DistributedOptimizer does not average gradients on Keras 3 "
+                  "(Keras 3's train_step never calls the hooks it overrides, horovod #4290), so the ranks would "
+                  "train apart without an error; use hvd_sched.keras.DistributedOptimizer(optimizer) instead")
+_LOSS_SCALE_OUTSIDE = (
+    "hvd_sched: a LossScaleOptimizer wraps hvd_sched.keras.DistributedOptimizer, so each rank would decide on its "
+    "own gradients whether to skip a step, and a rank that skips the allreduce hangs the job; put the loss scaling "
+    "inside: DistributedOptimizer(keras.optimizers.LossScaleOptimizer(opt)), or set the mixed_float16 policy "
+    "before calling DistributedOptimizer (it then does so itself)")
+
+
+def distribution_problem(optimizer):
+    """Why this (compiled) optimizer cannot train several Keras 3 ranks correctly, or None."""
+    if is_horovod_keras_wrapped(optimizer):
+        return _HOROVOD_KERAS
+    if isinstance(optimizer, _LOSS_SCALE) and not isinstance(optimizer, _DistributedMixin) \
+            and isinstance(unwrap(optimizer), _DistributedMixin):
+        return _LOSS_SCALE_OUTSIDE
+    return None
+
+
+class _DistributedMixin:
+    """`apply` averages the gradients over the ranks first (one `grouped_allreduce` per dtype)."""
+
+    _hvd_sched_allreduce_options = {}
+    _hvd_sched_ready = False
+    _hvd_sched_inside_loss_scale = False
+
+    def __setattr__(self, name, value):
+        # Keras' LossScaleOptimizer sets its inner optimizer's loss_scale_factor to None when it wraps it: the one
+        # sign, seen from inside, that this optimizer's apply now runs only on the steps the wrapper keeps.
+        if name == "loss_scale_factor" and self._hvd_sched_ready:
+            object.__setattr__(self, "_hvd_sched_inside_loss_scale", True)
+        super().__setattr__(name, value)
+
+    def apply(self, grads, trainable_variables=None):
+        if self._hvd_sched_inside_loss_scale:
+            raise ValueError(_LOSS_SCALE_OUTSIDE)
+        if (_horovod.size() > 1 or _horovod.is_elastic()) and in_xla_compilation() \
+                and not _horovod.xla_ops_enabled():
+            raise ValueError(_horovod.XLA_WITH_HOROVOD.format(
+                auto="; Keras 3's default jit_compile='auto' turns it on wherever a GPU is visible"))
+        grads = _horovod.average_gradients(grads, **self._hvd_sched_allreduce_options)
+        return super().apply(grads, trainable_variables)
+
+
+_DISTRIBUTED_CLASSES = {}
+
+
+def _distributed_class(base):
+    if base not in _DISTRIBUTED_CLASSES:
+        # Horovod's convention: the class keeps its base's name and module, so a saved model loads without it.
+        _DISTRIBUTED_CLASSES[base] = type(base.__name__, (_DistributedMixin, base),
+                                          {"__module__": base.__module__, "__doc__": base.__doc__})
+    return _DISTRIBUTED_CLASSES[base]
+
+
+def distributed_optimizer(optimizer, *, sparse_as_dense=False, compression=None):
+    """A new optimizer like `optimizer` whose `apply` first averages the gradients over the Horovod ranks."""
+    if is_horovod_keras_wrapped(optimizer):
+        raise ValueError(_HOROVOD_KERAS)
+    if not isinstance(optimizer, _LOSS_SCALE) and keras.mixed_precision.global_policy().name == "mixed_float16":
+        optimizer = _LOSS_SCALE(optimizer)  # what model.compile would do, but inside the averaging
+    cls = _distributed_class(type(optimizer))
+    if isinstance(optimizer, _LOSS_SCALE):
+        config = optimizer.get_config()
+        distributed = cls(optimizer.inner_optimizer, initial_scale=config["initial_scale"],
+                          dynamic_growth_steps=config["dynamic_growth_steps"])
+    else:
+        distributed = cls.from_config(optimizer.get_config())
+    distributed._hvd_sched_allreduce_options = {"sparse_as_dense": sparse_as_dense, "compression": compression}
+    distributed._hvd_sched_ready = True
+    return distributed
+
+
+def _refuse_horovod_keras_wrapper():
+    """Make `horovod.tensorflow.keras.DistributedOptimizer` raise on Keras 3 instead of training ranks apart.
+
+    The one change hvd_sched makes to Horovod at run time, on Keras 3 only: Horovod's Keras layer builds its
+    optimizer with `horovod._keras.create_distributed_optimizer`, looked up at each call, so wrapping that function
+    also stops `from horovod.tensorflow.keras import DistributedOptimizer` done before hvd_sched was imported.
+    """
+    try:
+        import horovod._keras as horovod_keras
+    except ImportError:
+        return
+    original = horovod_keras.create_distributed_optimizer
+    if getattr(original, "_hvd_sched_refuses", False):
+        return
+
+    def create_distributed_optimizer(*args, **kwargs):
+        keras_module = kwargs["keras"] if "keras" in kwargs else args[0]
+        if str(getattr(keras_module, "__version__", "")).startswith("3"):
+            raise ValueError(_HOROVOD_KERAS)
+        return original(*args, **kwargs)
+
+    create_distributed_optimizer._hvd_sched_refuses = True
+    horovod_keras.create_distributed_optimizer = create_distributed_optimizer
+
+
+_refuse_horovod_keras_wrapper()
+
+
+# The per-version half of ScheduledOptimizer (see `_keras2` for the Keras 2 mixins).
+
+
+class _Keras3Mixin:
+    """Keras 3 optimizers: the multiplier scales the `learning_rate` argument, the factor is the step's variable."""
+
+    @property
+    def learning_rate(self):
+        return _OPTIMIZER.learning_rate.fget(self)
+
+    @learning_rate.setter
+    def learning_rate(self, learning_rate):
+        self._hvd_sched_refuse_new_lr()
+        _OPTIMIZER.learning_rate.fset(self, learning_rate)
+
+    def apply(self, grads, trainable_variables=None):
+        grads = list(grads)
+        variables = list(self._trainable_variables if trainable_variables is None else trainable_variables)
+        problem = distribution_problem(self)
+        if problem:
+            raise ValueError(problem)
+        self._hvd_sched_before_step(variables, [v for g, v in zip(grads, variables) if g is not None])
+        return super().apply(grads, trainable_variables)
+
+    def update_step(self, gradient, variable, learning_rate):
+        index = self._get_variable_index(variable)
+        multiplier, decay = self._hvd_sched_rules_for(variable_name(self._trainable_variables[index]))
+        gradient = self._hvd_sched_decayed(gradient, variable, decay)
+        if multiplier != 1.0:
+            learning_rate = ops.multiply(learning_rate, ops.cast(multiplier, learning_rate.dtype))
+        factor = self._hvd_sched_step_factor_value()
+        if factor is not None:
+            return self._sgd_update_with_correction(gradient, variable, learning_rate, self.momentums[index], factor)
+        return super().update_step(gradient, variable, learning_rate)
+
+    def _sgd_update_with_correction(self, gradient, variable, learning_rate, m, factor):
+        """Keras 3's `SGD.update_step` with the slot read as m * factor (Detectron's V *= new_lr/old_lr first)."""
+        learning_rate = ops.cast(learning_rate, variable.dtype)
+        gradient = ops.cast(gradient, variable.dtype)
+        momentum = ops.cast(self.momentum, variable.dtype)
+        scaled = ops.multiply(m, ops.cast(factor, variable.dtype))
+        self.assign(m, ops.subtract(ops.multiply(scaled, momentum), ops.multiply(gradient, learning_rate)))
+        if self.nesterov:
+            self.assign_add(variable, ops.subtract(ops.multiply(m, momentum), ops.multiply(gradient, learning_rate)))
+        else:
+            self.assign_add(variable, m)
+
+
+def scheduled_mixin(base):
+    """(the mixin for the Keras optimizer class `base`, False: no legacy naming on Keras 3)."""
+    if issubclass(base, _LOSS_SCALE) or not issubclass(base, _OPTIMIZER):
+        raise TypeError(f"ScheduledOptimizer wraps a Keras optimizer, got class {base.__name__}")
+    return _Keras3Mixin, False
+
+
+def folds_factor(optimizer):
+    """True where the factor multiplies the slot inside the update (SGD); else a tf.cond rescales the slots."""
+    return isinstance(optimizer, _SGD)
