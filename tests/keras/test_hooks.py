@@ -1,0 +1,120 @@
+"""Every Keras/TensorFlow internal hvd_sched relies on, named: when a Keras release changes one, a test here fails
+and says which (the public modules reach them only through hvd_sched/keras/_keras2.py or _keras3.py)."""
+
+import ast
+import inspect
+import pathlib
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from hvd_sched.keras import _backend
+from stackutil import KERAS_MAJOR
+
+KERAS_DIR = pathlib.Path(_backend.__file__).parent
+LOSS_SCALE = (tf.keras.mixed_precision.LossScaleOptimizer if KERAS_MAJOR == 2
+              else _backend.keras.optimizers.LossScaleOptimizer)
+
+
+def _literal_all(path):
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            return set(ast.literal_eval(node.value))
+    raise AssertionError(f"{path} has no literal __all__")
+
+
+def test_both_keras_modules_export_the_same_names():
+    keras2, keras3 = _literal_all(KERAS_DIR / "_keras2.py"), _literal_all(KERAS_DIR / "_keras3.py")
+    assert keras2 == keras3, {"only in _keras2": keras2 - keras3, "only in _keras3": keras3 - keras2}
+
+
+def test_the_backend_is_this_rows_keras():
+    assert _backend.KERAS_MAJOR == KERAS_MAJOR
+    assert tf.keras.__version__.startswith(f"{KERAS_MAJOR}.") if hasattr(tf.keras, "__version__") else True
+
+
+@pytest.mark.parametrize("owner, attribute", _backend.HOOKS,
+                         ids=[f"{getattr(o, '__name__', o)}.{a}" for o, a in _backend.HOOKS])
+def test_hook_exists(owner, attribute):
+    if isinstance(owner, type) and attribute not in dir(owner):
+        # Instance attributes (set in __init__ or build) are looked up on a built instance.
+        instance = _built_instance(owner)
+        assert instance is not None and hasattr(instance, attribute), \
+            f"Keras changed: {owner.__module__}.{owner.__name__}.{attribute} is gone (hvd_sched relies on it)"
+    else:
+        assert hasattr(owner, attribute), f"Keras/TensorFlow changed: {owner}.{attribute} is gone"
+
+
+def _built_instance(owner):
+    variable = tf.Variable(np.ones((2, 2), np.float32))
+    if issubclass(owner, tf.keras.Model):
+        model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(1)])
+        model.compile("sgd", "mse", steps_per_execution=2)
+        return model
+    if LOSS_SCALE in owner.__mro__ or owner is LOSS_SCALE:
+        return LOSS_SCALE(_backend.keras.optimizers.SGD(0.1))
+    if "legacy" in owner.__module__:
+        optimizer = tf.keras.optimizers.legacy.SGD(0.1, momentum=0.9)
+        optimizer._create_all_weights([variable])
+        return optimizer
+    optimizer = _backend.keras.optimizers.SGD(0.1, momentum=0.9)
+    if KERAS_MAJOR == 3:
+        variable = _backend.keras.Variable(np.ones((2, 2), np.float32))
+    optimizer.build([variable])
+    if KERAS_MAJOR == 2:
+        optimizer._compute_current_learning_rate()  # creates _current_learning_rate (a schedule's LR per step)
+        optimizer.learning_rate = tf.keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.9)
+        optimizer._compute_current_learning_rate()
+    return optimizer
+
+
+def test_xla_context_is_seen_while_tracing_a_jit_compiled_function():
+    seen = {}
+
+    @tf.function(jit_compile=True)
+    def compiled(x):
+        seen["xla"] = _backend.in_xla_compilation()
+        return x + 1
+
+    @tf.function
+    def plain(x):
+        seen["plain"] = _backend.in_xla_compilation()
+        return x + 1
+
+    compiled(tf.constant(1.0))
+    plain(tf.constant(1.0))
+    assert seen == {"xla": True, "plain": False}, \
+        "control_flow_util.GraphOrParentsInXlaContext no longer tells an XLA-compiled trace"
+
+
+def test_update_step_signature():
+    parameters = list(inspect.signature(_backend.keras.optimizers.SGD.update_step).parameters)
+    expected = ["self", "gradient", "variable"] + (["learning_rate"] if KERAS_MAJOR == 3 else [])
+    assert parameters == expected, f"Keras changed SGD.update_step's signature: {parameters}"
+
+
+def test_momentum_slot_of_a_variable():
+    optimizer = _backend.keras.optimizers.SGD(0.1, momentum=0.9)
+    model = tf.keras.Sequential([tf.keras.Input((2,)), tf.keras.layers.Dense(3)])
+    _backend.build_slots(optimizer, model.trainable_variables)
+    slots = [_backend.momentum_slot(optimizer, v) for v in model.trainable_variables]
+    assert [tuple(s.shape) for s in slots] == [(2, 3), (3,)]
+    assert [id(s) for s in slots] == [id(s) for s in _backend.all_momentum_slots(optimizer)]
+
+
+def test_loss_scale_optimizer_skip_and_its_iterations():
+    """Keras 2 counts a skipped step in the inner `iterations` (its do-not-apply branch), and marks the inner
+    optimizer `_is_wrapped_by_loss_scale_optimizer`; Keras 3 does neither, and sets the inner
+    `loss_scale_factor` to None when it wraps it. hvd_sched's correction bookkeeping follows each."""
+    inner = _backend.keras.optimizers.SGD(0.1, momentum=0.9)
+    wrapper = LOSS_SCALE(inner)
+    assert _backend.unwrap(wrapper) is inner
+    variable = tf.Variable([1.0]) if KERAS_MAJOR == 2 else _backend.keras.Variable([1.0])
+    wrapper.apply_gradients([(tf.constant([np.inf]), variable)])  # skipped: non-finite
+    assert float(np.asarray(variable.numpy())[0]) == 1.0
+    assert int(inner.iterations.numpy()) == (1 if KERAS_MAJOR == 2 else 0)
+    assert _backend.counts_skipped_steps(inner) is (KERAS_MAJOR == 2)
+    assert _backend.skips_iterations(wrapper) is (KERAS_MAJOR == 3)
+    if KERAS_MAJOR == 3:
+        assert inner.loss_scale_factor is None
