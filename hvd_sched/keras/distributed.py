@@ -69,26 +69,31 @@ def DistributedOptimizer(optimizer, *, compression=None, sparse_as_dense=False):
 class DistributedCheck(_backend.keras.callbacks.Callback):
     """Before the first step, stop a job whose ranks would train apart or hang.
 
-    On more than one rank: the compiled optimizer must average gradients (hvd_sched.keras.DistributedOptimizer);
-    on Keras 3 it must not be Horovod's own Keras wrapper (which does not average there), a LossScaleOptimizer
-    must be inside the distributed optimizer, not around it, and the train step must not be XLA-compiled
-    (Horovod's collectives have no XLA kernels in this build).
+    The train step must not be XLA-compiled where it holds Horovod's collectives (they have no XLA kernels here):
+    on Keras 2 wherever Horovod's wrapper is compiled (it puts its allreduce in the graph even on one rank), on
+    Keras 3 on more than one rank. On more than one rank the compiled optimizer must also average gradients
+    (hvd_sched.keras.DistributedOptimizer); on Keras 3 it must not be Horovod's own Keras wrapper (which does not
+    average there), and a LossScaleOptimizer must be inside the distributed optimizer, not around it. The same
+    checks run again while the step is traced (for jobs that do not use this callback); here they come first,
+    without Keras' traceback of the step.
     """
 
     def on_train_begin(self, logs=None):
-        import horovod.tensorflow as hvd
-
-        if not hvd.is_initialized() or hvd.size() == 1:
-            return
         optimizer = self.model.optimizer
+        size = _horovod.size()
+        with_collectives = (_backend.is_horovod_keras_wrapped(optimizer) if _backend.KERAS_MAJOR == 2
+                            else _backend.is_distributed(optimizer) and (size > 1 or _horovod.is_elastic()))
+        if getattr(self.model, "jit_compile", False) and with_collectives and not _horovod.xla_ops_enabled():
+            raise ValueError(_horovod.XLA_WITH_HOROVOD.format(
+                auto="" if _backend.KERAS_MAJOR == 2
+                else "; Keras 3's default jit_compile='auto' turns it on wherever a GPU is visible"))
+        if size == 1:
+            return
         problem = _backend.distribution_problem(optimizer)
         if problem:
             raise ValueError(problem)
         if not _backend.is_distributed(optimizer):
-            raise ValueError(_NOT_AVERAGED.format(name=type(optimizer).__name__, size=hvd.size()))
-        if _backend.KERAS_MAJOR == 3 and getattr(self.model, "jit_compile", False):
-            raise ValueError(_horovod.XLA_WITH_HOROVOD.format(
-                auto="; Keras 3's default jit_compile='auto' turns it on wherever a GPU is visible"))
+            raise ValueError(_NOT_AVERAGED.format(name=type(optimizer).__name__, size=size))
 
 
 class BroadcastVariables(_backend.keras.callbacks.Callback):

@@ -52,7 +52,9 @@ class StopOnNonFinite(IterationTracker):
         loss = (logs or {}).get("loss")
         if loss is None or math.isfinite(float(loss)):
             return
-        iteration = self._iteration(batch)
+        # The iteration whose loss it is; a step skipped for it (Keras 3 mixed precision) did not advance the count.
+        iteration = self._read_iterations() if _backend.skips_iterations(self.model.optimizer) else \
+            self._iteration(batch)
         lr = _current_lr(self.model.optimizer, iteration)
         where = ""
         if self.checkpoint_dir is not None:

@@ -1,0 +1,84 @@
+"""hvd_sched.keras.DistributedOptimizer's API in one process: what it accepts and returns, the errors it gives,
+and on Keras 3 how it places the loss scaling (the wrapper must see the averaged gradients)."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import hvd_sched
+import hvd_sched.keras
+from hvd_sched.keras import DistributedOptimizer, ScheduledOptimizer
+from stackutil import KERAS_MAJOR
+
+SOLVER = {"BASE_LR": 0.1, "LR_POLICY": "steps_with_decay", "STEPS": [0, 4], "MAX_ITER": 8, "WARM_UP_ITERS": 2}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def horovod():
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    return hvd
+
+
+@pytest.fixture
+def mixed_float16():
+    policy = tf.keras.mixed_precision.global_policy()
+    tf.keras.mixed_precision.set_global_policy("mixed_float16")
+    yield
+    tf.keras.mixed_precision.set_global_policy(policy)
+
+
+def _fit(optimizer):
+    tf.keras.utils.set_random_seed(0)
+    model = tf.keras.Sequential([tf.keras.Input((3,)), tf.keras.layers.Dense(2)])
+    model.compile(optimizer, "mse")
+    rng = np.random.default_rng(0)
+    model.fit(rng.normal(size=(16, 3)).astype("float32"), rng.normal(size=(16, 2)).astype("float32"),
+              batch_size=4, epochs=1, verbose=0)
+    return model
+
+
+def test_a_scheduled_optimizer_keeps_its_class_name_schedule_and_rules():
+    schedule = hvd_sched.from_detectron(SOLVER)
+    scheduled = ScheduledOptimizer(tf.keras.optimizers.SGD(momentum=0.9), schedule, lr_multipliers={"bias": 2.0})
+    distributed = DistributedOptimizer(scheduled)
+    assert type(distributed).__name__ == "ScheduledSGD" and distributed is not scheduled
+    assert isinstance(distributed, type(scheduled))
+    assert hvd_sched.keras.scheduled_of(distributed).schedule == schedule
+    assert distributed.lr_multipliers == {"bias": 2.0}
+    model = _fit(distributed)
+    assert int(model.optimizer.iterations.numpy()) == 4
+
+
+def test_not_an_optimizer_and_wrapping_twice_are_errors():
+    with pytest.raises(TypeError, match=r"DistributedOptimizer wraps a Keras optimizer .* got str"):
+        DistributedOptimizer("sgd")
+    once = DistributedOptimizer(tf.keras.optimizers.SGD(0.1))
+    with pytest.raises(ValueError, match="already averages gradients"):
+        DistributedOptimizer(once)
+    with pytest.raises(ValueError, match="wrap in the other order"):
+        ScheduledOptimizer(once, hvd_sched.from_detectron(SOLVER))
+
+
+@pytest.mark.skipif(KERAS_MAJOR != 3, reason="Keras 2: Horovod's wrapper averages before the loss-scale check")
+def test_keras3_mixed_float16_puts_the_loss_scaling_inside(mixed_float16):
+    import keras
+
+    distributed = DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9))
+    assert isinstance(distributed, keras.optimizers.LossScaleOptimizer)  # model.compile keeps it as it is
+    model = _fit(distributed)
+    assert model.optimizer is distributed
+
+
+@pytest.mark.skipif(KERAS_MAJOR != 3, reason="Keras 2: Horovod's wrapper averages before the loss-scale check")
+def test_keras3_a_loss_scale_optimizer_around_the_distributed_one_is_refused():
+    import keras
+
+    distributed = DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9))
+    outside = keras.optimizers.LossScaleOptimizer(distributed)
+    with pytest.raises(ValueError, match=r"LossScaleOptimizer wraps hvd_sched.keras.DistributedOptimizer.*hangs"):
+        _fit(outside)
+    # Built the other way round, it trains.
+    inside = DistributedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1, momentum=0.9)))
+    assert int(_fit(inside).optimizer.iterations.numpy()) == 4
