@@ -248,26 +248,26 @@ class _NewMixin(_StepStart):
         gradient = self._hvd_sched_decayed(gradient, variable, decay)
         self._hvd_sched_lr_factor = None if multiplier == 1.0 else multiplier
         try:
-            factor = self._hvd_sched_step_factor_value()
-            if factor is not None:
-                return self._sgd_update_with_correction(gradient, variable, self.momentums[index], factor)
+            step_momentum = self._hvd_sched_step_momentum()
+            if step_momentum is not None:
+                return self._sgd_update_with_correction(gradient, variable, self.momentums[index], step_momentum)
             return super().update_step(gradient, variable)
         finally:
             self._hvd_sched_lr_factor = None
 
-    def _sgd_update_with_correction(self, gradient, variable, m, factor):
-        """Keras 2's `SGD.update_step` with the slot read as m * factor (Detectron's V *= new_lr/old_lr first).
+    def _sgd_update_with_correction(self, gradient, variable, m, step_momentum):
+        """Keras 2's `SGD.update_step` with the slot's coefficient momentum x factor (Detectron's V *=
+        new_lr/old_lr before the update), read from the step's variable.
 
-        The same arithmetic as scaling the slot and then running SGD.update_step (Grappler may fuse it
-        differently: results agree to float32 rounding, ~1e-7 on the tests' model); on steps without a
-        correction the factor is 1.0 and m * 1.0 == m.
+        The same arithmetic as scaling the slot and then running SGD.update_step, up to float32 rounding (~1e-7 on
+        the tests' model); on steps without a correction the coefficient is the momentum itself, bit for bit.
         """
         lr = tf.cast(self.learning_rate, variable.dtype)
         momentum = tf.cast(self.momentum, variable.dtype)
-        scaled = m * tf.cast(factor, variable.dtype)
+        coefficient = tf.cast(step_momentum, variable.dtype)
         if isinstance(gradient, tf.IndexedSlices):
             add_value = tf.IndexedSlices(-gradient.values * lr, gradient.indices)
-            m.assign(scaled * momentum)
+            m.assign(m * coefficient)
             m.scatter_add(add_value)
             if self.nesterov:
                 variable.scatter_add(add_value)
@@ -275,7 +275,7 @@ class _NewMixin(_StepStart):
             else:
                 variable.assign_add(m)
         else:
-            m.assign(-gradient * lr + scaled * momentum)
+            m.assign(-gradient * lr + m * coefficient)
             if self.nesterov:
                 variable.assign_add(-gradient * lr + m * momentum)
             else:

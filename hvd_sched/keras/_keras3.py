@@ -318,18 +318,20 @@ class _Keras3Mixin:
         gradient = self._hvd_sched_decayed(gradient, variable, decay)
         if multiplier != 1.0:
             learning_rate = ops.multiply(learning_rate, ops.cast(multiplier, learning_rate.dtype))
-        factor = self._hvd_sched_step_factor_value()
-        if factor is not None:
-            return self._sgd_update_with_correction(gradient, variable, learning_rate, self.momentums[index], factor)
+        step_momentum = self._hvd_sched_step_momentum()
+        if step_momentum is not None:
+            return self._sgd_update_with_correction(gradient, variable, learning_rate, self.momentums[index],
+                                                    step_momentum)
         return super().update_step(gradient, variable, learning_rate)
 
-    def _sgd_update_with_correction(self, gradient, variable, learning_rate, m, factor):
-        """Keras 3's `SGD.update_step` with the slot read as m * factor (Detectron's V *= new_lr/old_lr first)."""
+    def _sgd_update_with_correction(self, gradient, variable, learning_rate, m, step_momentum):
+        """Keras 3's `SGD.update_step` with the slot's coefficient momentum x factor (Detectron's V *=
+        new_lr/old_lr first), read from the step's variable; the momentum itself on steps without a correction."""
         learning_rate = ops.cast(learning_rate, variable.dtype)
         gradient = ops.cast(gradient, variable.dtype)
         momentum = ops.cast(self.momentum, variable.dtype)
-        scaled = ops.multiply(m, ops.cast(factor, variable.dtype))
-        self.assign(m, ops.subtract(ops.multiply(scaled, momentum), ops.multiply(gradient, learning_rate)))
+        coefficient = ops.cast(step_momentum, variable.dtype)
+        self.assign(m, ops.subtract(ops.multiply(m, coefficient), ops.multiply(gradient, learning_rate)))
         if self.nesterov:
             self.assign_add(variable, ops.subtract(ops.multiply(m, momentum), ops.multiply(gradient, learning_rate)))
         else:

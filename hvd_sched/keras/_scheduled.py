@@ -6,8 +6,9 @@ class). The mixin overrides the Keras method that starts a step and the per-vari
 
 What a step needs travels through variables, never through a tensor kept on a Python attribute: the LR is Keras'
 own (the schedule evaluated once per step, `ScheduleLR`), and this step's momentum-correction factor is assigned
-once per step to the variable `Options.step_factor` (1.0 on steps without a correction), which every variable's
-update reads, also inside the per-variable XLA function Keras 2 traces on a GPU (`_update_step_xla`).
+once per step, as momentum x factor, to the variable `Options.step_momentum` (the momentum itself on steps without a
+correction, so those steps are Keras' own SGD bit for bit), which every variable's update reads in place of the
+momentum coefficient, also inside the per-variable XLA function Keras 2 traces on a GPU (`_update_step_xla`).
 """
 
 import numpy as np
@@ -50,7 +51,7 @@ class Options:
         self.rules_checked = False
         self._rules = {}  # variable name -> (LR multiplier, weight decay)
         with tf.init_scope():
-            self.step_factor = tf.Variable(1.0, trainable=False, dtype=tf.float32, name="hvd_sched_step_factor")
+            self.step_momentum = tf.Variable(0.0, trainable=False, dtype=tf.float32, name="hvd_sched_step_momentum")
 
     @property
     def has_corrections(self):
@@ -227,8 +228,8 @@ class ScheduledBase:
         _backend.build_slots(self, variables, name)
         factor = self._hvd_sched_compute_factor()
         if _backend.folds_factor(self):
-            # SGD: the factor multiplies the slot inside the update itself (no tf.cond, no extra pass).
-            options.step_factor.assign(factor)
+            # SGD: m * (momentum * factor) inside the update itself (no tf.cond, no extra pass, no extra product).
+            options.step_momentum.assign(tf.cast(self.momentum, tf.float32) * factor)
         else:
             slots = [s for s in (_backend.momentum_slot(self, v) for v in variables) if s is not None]
 
@@ -253,11 +254,12 @@ class ScheduledBase:
                 return factor
             return graph_factor(options.schedule, step, options.mode, options.threshold, options.table)
 
-    def _hvd_sched_step_factor_value(self):
-        """The step's factor variable where the update folds it in (SGD with corrections), else None."""
+    def _hvd_sched_step_momentum(self):
+        """The variable holding this step's momentum x correction factor where the SGD update reads it (SGD with
+        corrections), else None."""
         options = self._hvd_sched
         if options.has_corrections and _backend.folds_factor(self):
-            return options.step_factor
+            return options.step_momentum
         return None
 
     def _hvd_sched_decayed(self, gradient, variable, decay):
