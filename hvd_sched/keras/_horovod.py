@@ -17,28 +17,26 @@ XLA_WITH_HOROVOD = (
     "default on a GPU) works with hvd_sched.")
 
 
-def rank():
-    """This process's Horovod rank, or 0 when Horovod is not initialised (single-process Keras)."""
+def _ask(question, alone):
+    """`horovod.tensorflow.<question>()`, or `alone` when Horovod is missing or not initialised."""
     try:
         import horovod.tensorflow as hvd
     except ImportError:
-        return 0
+        return alone
     try:
-        return hvd.rank() if hvd.is_initialized() else 0
+        return getattr(hvd, question)() if hvd.is_initialized() else alone
     except ValueError:
-        return 0
+        return alone
+
+
+def rank():
+    """This process's Horovod rank, or 0 when Horovod is not initialised (single-process Keras)."""
+    return _ask("rank", 0)
 
 
 def size():
     """The number of Horovod ranks, or 1 when Horovod is not initialised."""
-    try:
-        import horovod.tensorflow as hvd
-    except ImportError:
-        return 1
-    try:
-        return hvd.size() if hvd.is_initialized() else 1
-    except ValueError:
-        return 1
+    return _ask("size", 1)
 
 
 def is_elastic():

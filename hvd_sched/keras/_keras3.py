@@ -23,16 +23,9 @@ import tensorflow as tf
 from keras import ops
 from tensorflow.python.ops import control_flow_util  # XLA context of the graph being traced (no public API)
 
-from . import _horovod
+from . import _horovod, _keras_api
 
-__all__ = ["KERAS_MAJOR", "keras", "HOOKS", "OPTIMIZER_TYPES", "LearningRateSchedule", "is_optimizer",
-           "is_legacy", "is_sgd", "momentum_of", "variable_name", "momentum_slot", "all_momentum_slots",
-           "build_slots", "optimizer_variables", "unwrap", "skips_iterations", "learning_rate_variable",
-           "in_xla_compilation", "steps_per_execution", "get_value", "register", "is_horovod_keras_wrapped",
-           "scheduled_mixin", "distributed_optimizer", "distribution_problem", "backing_variables", "folds_factor",
-           "is_variable", "scale_variable", "counts_skipped_steps", "BUILTIN_OPTIMIZERS", "is_distributed",
-           "layers_of",
-           "names_regex"]
+__all__ = list(_keras_api.NAMES)
 
 KERAS_MAJOR = 3
 LearningRateSchedule = keras.optimizers.schedules.LearningRateSchedule
