@@ -1,25 +1,26 @@
-"""Keras glue for hvd_sched (imports TensorFlow; `import hvd_sched` alone does not).
+"""Keras glue for hvd_sched (imports TensorFlow and Horovod; `import hvd_sched` alone does not).
 
-- `ScheduledOptimizer(optimizer, schedule, ...)`: LR from `optimizer.iterations` in-graph, momentum slots
-  rescaled in-graph when the LR jumps, per-variable LR multipliers. Wrap it with `hvd.DistributedOptimizer`.
+The same names on Keras 2 (TensorFlow 2.15's `tf.keras`, tf-keras) and Keras 3 (`KERAS_MAJOR` says which):
+
+- `ScheduledOptimizer(optimizer, schedule, ...)`: LR from `optimizer.iterations` in the training graph, momentum
+  slots rescaled in the same step when the LR jumps, per-variable LR multipliers and coupled weight decay.
+- `DistributedOptimizer(optimizer)`: gradients averaged over the Horovod ranks (Horovod's own wrapper on Keras 2;
+  Horovod's TensorFlow collectives in `apply` on Keras 3, where Horovod's Keras wrapper averages nothing).
+- `build_optimizer(solver, model, ...)`: Detectron's whole solver for a built model from one config;
+  `describe_optimizer` says which rules it applies.
+- `horovod_callbacks(...)`: the checks, the initial broadcast, metric averaging, the LR logger, in order.
 - `ScheduleCallback(schedule, ...)`: the same schedule and correction for a plain optimizer.
-- `LearningRateLogger`: `learning_rate` in Keras logs for a ScheduledOptimizer.
-- `horovod_callbacks(...)`: broadcast, metric averaging and the LR callback, in order.
-- `ScheduleLR(schedule)`: the schedule as a Keras LearningRateSchedule (no correction).
-- `build_optimizer(solver, model, ...)`: Detectron's whole solver (momentum, Nesterov, per-parameter weight decay
-  and bias LR) for a built model, as a ScheduledOptimizer; `describe_optimizer` says which rules it applies.
-- `EpochCheckpoint` / `restore_latest`: atomic per-epoch checkpoints on rank 0, restored on every rank.
-- `ElasticLRScaler`: elastic Horovod reset callback; the LR follows the world size, slots rescaled.
-- `StopOnNonFinite`, `RankConsistencyCheck`: a NaN loss or disagreeing ranks stop the job with a clear message.
+- `LearningRateLogger`, `ScheduleLR(schedule)`, `EpochCheckpoint` / `restore_latest`, `StopOnNonFinite`,
+  `RankConsistencyCheck`, `DistributedCheck`, `ElasticLRScaler` / `elastic_state`.
 
 Example:
-    >>> import hvd_sched, hvd_sched.keras  # first: on the tf2.20 row it resolves keras to tf_keras
+    >>> import hvd_sched, hvd_sched.keras  # first: it checks the stack (on the tf2.20 row: keras -> tf_keras)
     >>> import tensorflow as tf, horovod.tensorflow.keras as hvd
-    >>> from hvd_sched.keras import ScheduledOptimizer, horovod_callbacks
+    >>> from hvd_sched.keras import DistributedOptimizer, ScheduledOptimizer, horovod_callbacks
     >>> hvd.init()
     >>> schedule = hvd_sched.from_detectron("examples/configs/digits_warmup_steps.yaml")
-    >>> opt = hvd.DistributedOptimizer(ScheduledOptimizer(tf.keras.optimizers.SGD(momentum=0.9), schedule))
-    >>> model.compile(opt, "sparse_categorical_crossentropy", metrics=["accuracy"])
+    >>> opt = DistributedOptimizer(ScheduledOptimizer(tf.keras.optimizers.SGD(momentum=0.9), schedule))
+    >>> model.compile(opt, "sparse_categorical_crossentropy", metrics=["accuracy"], jit_compile=False)
     >>> model.fit(x, y, epochs=8, callbacks=horovod_callbacks())
 """
 

@@ -1,27 +1,29 @@
-"""`ScheduledOptimizer`: Detectron's solver inside a Keras optimizer, composable with `hvd.DistributedOptimizer`.
+"""`ScheduledOptimizer`: Detectron's solver inside a Keras optimizer, composable with `DistributedOptimizer`.
 
-Like `hvd.DistributedOptimizer`, `ScheduledOptimizer(opt, schedule)` returns an instance of a subclass of
-`type(opt)` rebuilt from `opt.get_config()`. The subclass
+Like Horovod's `DistributedOptimizer`, `ScheduledOptimizer(opt, schedule)` returns an instance of a subclass of
+`type(opt)` rebuilt from `opt.get_config()` (Keras 2 and Keras 3 alike; the per-version half lives in
+`_keras2` / `_keras3`, the rest in `_scheduled.ScheduledBase`). The subclass
 
-- sets the learning rate to `ScheduleLR(schedule)`: the LR at `optimizer.iterations`, computed in-graph from
-  the schedule's segments with the same float operations as `schedule.lr_at` (no table, no Python per batch);
+- sets the learning rate to `ScheduleLR(schedule)`: the LR at `optimizer.iterations`, computed in the training
+  graph from the schedule's segments with the same float operations as `schedule.lr_at` (no table, no Python per
+  batch), once per step by Keras;
 - before the update of a step whose LR jumped (Detectron's `_SetNewLr` rule, or every change, or never),
   multiplies every momentum slot by new_lr/old_lr inside the same compiled step. Keras' SGD slot is
   m = mu*m - lr*g, the negative of Detectron's V = mu*V + lr*g, so the same factor applies (also for Nesterov,
-  whose update reads the same slot). For SGD the factor (the correction rule applied in-graph to the LRs of
-  this and the previous iteration, 1.0 on steps without a correction) multiplies the slot inside the update
-  expression itself: no `tf.cond` and no extra pass over the slots, which kept the per-step cost near that of a plain LR schedule (see bench/). Legacy
-  optimizers rescale behind a `tf.cond` that is false on steps without a correction;
+  whose update reads the same slot). For SGD the step's momentum x factor (the momentum itself on steps without
+  a correction) is assigned once per step to a variable that each variable's update reads in place of the
+  momentum: no `tf.cond`, no extra pass over the slots, and it works inside the per-variable XLA update Keras 2
+  compiles on a GPU. Other optimizers with slots (Keras 2's legacy SGD) rescale behind a `tf.cond`;
 - applies `lr_multipliers` (variable-name regex -> factor): matching variables use lr * factor, as the seed's
   lr_x = lr * LR_FACTOR (Detectron's own convention gives biases 2x the LR);
 - applies `weight_decays` (variable-name regex -> decay): coupled L2, `grad += decay * w` before the update, as
   Caffe2's `WeightedSum([grad, ONE, param, WD], grad)` ahead of `MomentumSGDUpdate` (`hvd_sched.keras.
   build_optimizer` derives both rule sets from a model's layers, Detectron's way);
-- serializes every option in `get_config()`, so `hvd.DistributedOptimizer`'s `from_config` rebuild,
-  `model.save` and `tf.keras.models.load_model` keep the schedule.
+- serializes every option in `get_config()`, so `DistributedOptimizer`'s `from_config` rebuild, `model.save` and
+  `load_model` keep the schedule.
 
-Wrap in this order: `hvd.DistributedOptimizer(ScheduledOptimizer(SGD(...), schedule))`; Horovod then
-allreduces the gradients and this class's update runs on the averaged gradients.
+Wrap in this order: `DistributedOptimizer(ScheduledOptimizer(SGD(...), schedule))`; the gradients are averaged
+first and this class's update runs on the averaged gradients.
 """
 
 import sys
@@ -66,17 +68,18 @@ def ScheduledOptimizer(optimizer, schedule, *, momentum_correction=None, correct
     Detectron `SOLVER.SCALE_MOMENTUM`). The optimizer's own learning_rate is replaced by the schedule.
 
     Example:
-        >>> import horovod.tensorflow.keras as hvd, hvd_sched, hvd_sched.keras
+        >>> import hvd_sched, hvd_sched.keras, horovod.tensorflow.keras as hvd
         >>> hvd.init()
         >>> schedule = hvd_sched.from_detectron("configs/steps.yaml", world_size=hvd.size())
-        >>> opt = hvd.DistributedOptimizer(
+        >>> opt = hvd_sched.keras.DistributedOptimizer(
         ...     hvd_sched.keras.ScheduledOptimizer(tf.keras.optimizers.SGD(momentum=0.9), schedule,
         ...                                        lr_multipliers={"bias": 2.0}))
         >>> model.compile(opt, "sparse_categorical_crossentropy")
         >>> model.fit(x, y, callbacks=hvd_sched.keras.horovod_callbacks())
 
     Args:
-        optimizer: a `tf.keras.optimizers.*` or `tf.keras.optimizers.legacy.*` instance (not yet Horovod-wrapped).
+        optimizer: a Keras optimizer (`tf.keras.optimizers.*`, or Keras 2's `tf.keras.optimizers.legacy.*`), not
+            yet distributed nor inside a LossScaleOptimizer (mixed precision wraps the scheduled one).
         schedule: an `hvd_sched.Schedule` (or its `get_config()` dict).
         momentum_correction: None (follow the schedule's SCALE_MOMENTUM / SCALE_MOMENTUM_MODE for SGD with
             momentum; a no-op for optimizers whose slots hold no LR, such as Adam), "threshold",
@@ -100,7 +103,7 @@ def ScheduledOptimizer(optimizer, schedule, *, momentum_correction=None, correct
 
     Raises:
         TypeError: `optimizer` is not a Keras optimizer, or `schedule` is not a schedule.
-        ValueError: the optimizer is already Horovod-wrapped or scheduled, or an option is invalid.
+        ValueError: the optimizer is already distributed, loss-scaled or scheduled, or an option is invalid.
     """
     if is_scheduled(optimizer):
         raise ValueError("this optimizer is already a ScheduledOptimizer; wrap the plain optimizer once")
@@ -143,13 +146,13 @@ def custom_objects():
 
 
 def load_model(path, **kwargs):
-    """Load a model saved with `model.save` whose optimizer is a ScheduledOptimizer, Horovod-wrapped or not.
+    """Load a model saved with `model.save` whose optimizer is a ScheduledOptimizer, distributed or not.
 
-    A model compiled with `hvd.DistributedOptimizer(ScheduledOptimizer(...))` records Horovod's module for its
-    optimizer class, so plain `tf.keras.models.load_model` cannot find the class; this passes the scheduled
-    classes. The optimizer comes back unwrapped, with its iteration count, schedule and momentum slots. (Horovod's
+    On Keras 2, a model compiled with `DistributedOptimizer(ScheduledOptimizer(...))` (Horovod's wrapper) records
+    Horovod's module for its optimizer class, so plain `tf.keras.models.load_model` cannot find the class; this
+    passes the scheduled classes. The optimizer comes back unwrapped, with its iteration count, schedule and momentum slots. (Horovod's
     own `hvd.load_model` fails on TF 2.15's `.keras` format: `Could not interpret optimizer identifier`.) To go on
-    training on several ranks, rebuild the model with `hvd.DistributedOptimizer(ScheduledOptimizer(...))` and
+    training on several ranks, rebuild the model with `DistributedOptimizer(ScheduledOptimizer(...))` and
     restore a `tf.train.Checkpoint` (`EpochCheckpoint` / `restore_latest`) instead.
 
     Args:
