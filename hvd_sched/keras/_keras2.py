@@ -36,7 +36,8 @@ HOOKS = (
     (_NEW, "_index_dict"), (_NEW, "_var_key"), (_NEW, "_update_step_xla"), (_NEW, "update_step"),
     (_NEW, "_current_learning_rate"), (_NEW_SGD, "momentums"),
     (_LEGACY, "_create_all_weights"), (_LEGACY, "_fallback_apply_state"), (_LEGACY, "_resource_apply_dense"),
-    (_LEGACY, "_resource_apply_sparse"), (_LEGACY, "_slots"),
+    (_LEGACY, "_resource_apply_sparse"), (_LEGACY, "_slots"), (_LEGACY, "_name"),
+    (_NEW, "_is_wrapped_by_loss_scale_optimizer"),
     (_LOSS_SCALE, "inner_optimizer"), (tf.keras.Model, "_steps_per_execution"),
     (control_flow_util, "GraphOrParentsInXlaContext"),
 )

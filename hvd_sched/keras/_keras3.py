@@ -39,6 +39,7 @@ BUILTIN_OPTIMIZERS = (keras.optimizers.SGD, keras.optimizers.Adam, keras.optimiz
 #: The Keras/TensorFlow internals used here: (owner, attribute). tests/keras/test_hooks.py checks each exists.
 HOOKS = (
     (_OPTIMIZER, "_get_variable_index"), (_OPTIMIZER, "_trainable_variables"), (_OPTIMIZER, "_iterations"),
+    (_OPTIMIZER, "_learning_rate"),
     (_OPTIMIZER, "update_step"), (_OPTIMIZER, "apply"), (_OPTIMIZER, "assign"), (_OPTIMIZER, "assign_add"),
     (_SGD, "momentums"), (_LOSS_SCALE, "inner_optimizer"), (_LOSS_SCALE, "loss_scale_factor"),
     (keras.Model, "_flatten_layers"), (keras.Model, "steps_per_execution"), (keras.Variable, "value"),
