@@ -606,8 +606,8 @@ def test_schedule_callback_through_the_loss_scale_optimizer_with_a_skipped_step(
 
 def test_stop_on_non_finite_through_the_loss_scale_optimizer(mixed_float16):
     """A NaN input at batch 3: the LossScaleOptimizer skips the step (the weights stay those of 3 applied steps)
-    and StopOnNonFinite stops with the iteration and the LR in force, read through the wrapper (Keras 2: the
-    batch's iteration, 3; Keras 3, where a skipped step does not count: the last applied one, 2)."""
+    and StopOnNonFinite stops with the iteration whose loss it is and the LR in force, read through the wrapper:
+    3 on both Keras versions (Keras 3's skipped step did not advance the count, so it is read, not derived)."""
     x, y = _data()
     x = x.copy()
     x[3 * BATCH] = np.nan
@@ -617,7 +617,7 @@ def test_stop_on_non_finite_through_the_loss_scale_optimizer(mixed_float16):
     model.compile(opt, "mse")
     with pytest.raises(NonFiniteLossError) as caught:
         model.fit(x, y, batch_size=BATCH, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=[StopOnNonFinite()])
-    iteration = 3 if KERAS_MAJOR == 2 else 2
+    iteration = 3
     message = str(caught.value)
     assert f"at iteration {iteration} on rank 0 (learning rate in force {opt.lr_at(iteration):.6g})" in message
     assert "loss is nan" in message
