@@ -15,6 +15,8 @@ HOROVODRUN := $(VENV)/bin/horovodrun
 STAMP := $(VENV)/.hvd_sched-installed
 NP ?= 2
 PYTEST_ARGS ?=
+# The row's pytest -m expression (scripts/versions.env TEST_MARKS); `make test TEST_MARKS=` runs every test.
+TEST_MARKS ?= $(shell bash scripts/stack.sh $(STACK) TEST_MARKS)
 
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 export PYTHONUNBUFFERED = 1
@@ -41,7 +43,7 @@ demo: install
 	  $(PY) examples/train_keras.py --config examples/configs/digits_warmup_steps.yaml --epochs 8 --out runs/demo
 
 test: install
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+	$(PY) -m pytest tests $(if $(TEST_MARKS),-m "$(TEST_MARKS)") $(PYTEST_ARGS)
 
 bench: install
 	$(PY) bench/overhead.py --quick

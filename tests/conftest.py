@@ -1,11 +1,24 @@
 """Shared fixtures: `run_ranks` launches a Python script on N real Horovod ranks (Gloo) and returns their results."""
 
+import pathlib
 import sys
 import textwrap
 
 import pytest
 
 from launch import horovodrun_cmd, run_and_collect
+
+
+_TESTS = pathlib.Path(__file__).resolve().parent
+# Files whose tests never touch Keras (numpy, PyYAML, the command line); test_compat.py checks the running stack.
+_KERAS_INDEPENDENT = ("unit/", "test_cli.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        relative = pathlib.Path(str(item.fspath)).resolve().relative_to(_TESTS).as_posix()
+        if relative.startswith(_KERAS_INDEPENDENT) and not relative.endswith("test_compat.py"):
+            item.add_marker(pytest.mark.keras_independent)
 
 
 @pytest.fixture
