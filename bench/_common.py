@@ -5,10 +5,15 @@
 - ``horovodrun_cmd``: the command a user types, ``horovodrun -np N -H localhost:N --gloo python ...``;
 - ``worker_env``: the environment of a benchmark subprocess (one thread, quiet TensorFlow, the checkout on
   ``PYTHONPATH``);
-- ``machine``: date, cores, CPU model and versions, recorded next to every result;
+- ``machine``: date, cores, CPU model, load, versions (Python, TensorFlow, Keras, Horovod), the stack row and the
+  git commit, recorded next to every result;
+- ``stack_row``: which row of the support matrix this Python is (tf2.15, tf2.20, keras3);
+- ``run_checked``: run a subprocess, raise with its output if it fails;
 - ``summarise``: median and min of repeated timings;
 - ``bootstrap_ci``: a 95% percentile bootstrap interval of a statistic of repeated timings;
 - ``verdict``: whether such an interval confirms, refutes or cannot decide an upper-bound target;
+- ``compare``: one variant against its reference over interleaved rounds (ratios and extra microseconds per
+  step, each with its interval, and the verdict); ``comparison_table``: those rows as a Markdown table;
 - ``raw_path``: ``docs/bench/<UTC date and time>_<benchmark>.json``, where every full run keeps its raw figures.
 """
 
@@ -20,8 +25,9 @@ import statistics
 import subprocess
 import sys
 
-__all__ = ["ROOT", "DOCS", "RAW_DIR", "limit_threads", "horovodrun_cmd", "worker_env", "machine", "summarise",
-           "bootstrap_ci", "verdict", "raw_path", "write_json"]
+__all__ = ["ROOT", "DOCS", "RAW_DIR", "limit_threads", "horovodrun_cmd", "worker_env", "machine", "stack_row",
+           "git_commit", "loadavg", "run_checked", "summarise", "bootstrap_ci", "verdict", "compare",
+           "comparison_table", "raw_path", "write_json"]
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -74,8 +80,58 @@ def _cpu_model():
     return platform.processor() or "unknown"
 
 
+def _keras_version():
+    """The version of the Keras that ``tf.keras`` is (Keras 2.15, tf-keras on TF >= 2.16, or Keras 3)."""
+    import tensorflow as tf
+
+    version = getattr(tf.keras, "__version__", None)
+    if version:
+        return version
+    try:
+        import hvd_sched._compat as compat
+
+        major = compat.keras_major()
+    except ImportError:
+        major = None
+    names = ("keras",) if major == 3 else ("tf_keras", "keras") if tuple(map(int, tf.__version__.split(".")[:2])) \
+        >= (2, 16) else ("keras",)
+    for name in names:
+        try:
+            return __import__(name).__version__
+        except (ImportError, AttributeError):
+            continue
+    return "unknown"
+
+
+def stack_row():
+    """The support-matrix row this process runs on: "tf2.15", "tf2.20" (tf-keras) or "keras3" (TF's rule)."""
+    import tensorflow as tf
+
+    import hvd_sched._compat as compat
+
+    minor = ".".join(tf.__version__.split(".")[:2])
+    return "keras3" if compat.keras_major() == 3 else f"tf{minor}"
+
+
+def git_commit():
+    """``{"commit": HEAD, "dirty": [changed files under hvd_sched/ and bench/]}`` of the checkout (None if no git)."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=30,
+                              check=True).stdout.strip()
+        status = subprocess.run(["git", "status", "--porcelain", "--", "hvd_sched", "bench"], cwd=ROOT,
+                                capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "dirty": None}
+    return {"commit": head, "dirty": sorted(line[3:] for line in status.splitlines() if line.strip())}
+
+
+def loadavg():
+    """The 1, 5 and 15-minute load averages, rounded."""
+    return [round(value, 2) for value in os.getloadavg()]
+
+
 def machine():
-    """Where and when a result was measured: UTC date, ``nproc``, the CPU model, load and versions."""
+    """Where and when a result was measured: UTC date, ``nproc``, the CPU model, load, versions and the commit."""
     import numpy as np
 
     versions = {"python": platform.python_version(), "numpy": np.__version__}
@@ -83,6 +139,8 @@ def machine():
         import tensorflow as tf
 
         versions["tensorflow"] = tf.__version__
+        versions["keras"] = _keras_version()
+        versions["stack_row"] = stack_row()
     except ImportError:
         pass
     try:
@@ -97,7 +155,20 @@ def machine():
         "cpu": _cpu_model(),
         "loadavg_1min": round(os.getloadavg()[0], 2),
         **versions,
+        "git": git_commit(),
     }
+
+
+def run_checked(cmd, env, timeout, what):
+    """Run ``cmd`` in the checkout; return (seconds, stdout), or raise RuntimeError with its output if it fails."""
+    import time
+
+    started = time.perf_counter()
+    completed = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False)
+    if completed.returncode != 0:
+        raise RuntimeError(f"{what} failed (exit {completed.returncode}): {' '.join(map(str, cmd))}\n"
+                           f"--- stdout ---\n{completed.stdout[-6000:]}\n--- stderr ---\n{completed.stderr[-6000:]}")
+    return time.perf_counter() - started, completed.stdout
 
 
 def summarise(values):
@@ -106,7 +177,7 @@ def summarise(values):
     return {"median": statistics.median(values), "min": min(values), "n": len(values)}
 
 
-def bootstrap_ci(statistic, samples, *, paired, resamples=10000, seed=0, level=0.95):
+def bootstrap_ci(statistic, samples, *, paired, resamples=10000, seed=0, level=0.95, vectorized=False):
     """The percentile bootstrap interval ``(low, high)`` of ``statistic(*samples)``.
 
     Args:
@@ -117,6 +188,8 @@ def bootstrap_ci(statistic, samples, *, paired, resamples=10000, seed=0, level=0
         resamples: the number of bootstrap resamples.
         seed: the seed of the resampling (the interval is reproducible).
         level: the coverage, 0.95 for a 95% interval.
+        vectorized: ``statistic`` takes 2-D arrays (one resample per row) and returns one value per row: all
+            resamples at once (the same resamples, so the same interval as the loop, far faster).
     """
     import numpy as np
 
@@ -128,8 +201,11 @@ def bootstrap_ci(statistic, samples, *, paired, resamples=10000, seed=0, level=0
         indices = [rng.integers(0, len(arrays[0]), (resamples, len(arrays[0])))] * len(arrays)
     else:
         indices = [rng.integers(0, len(array), (resamples, len(array))) for array in arrays]
-    values = np.array([statistic(*(array[index[row]] for array, index in zip(arrays, indices)))
-                       for row in range(resamples)])
+    if vectorized:
+        values = np.asarray(statistic(*(array[index] for array, index in zip(arrays, indices))), dtype=float)
+    else:
+        values = np.array([statistic(*(array[index[row]] for array, index in zip(arrays, indices)))
+                           for row in range(resamples)])
     tail = (1 - level) / 2 * 100
     low, high = np.percentile(values, [tail, 100 - tail])
     return float(low), float(high)
@@ -144,6 +220,100 @@ def verdict(ci, target):
     if low > target:
         return "refuted"
     return "undecided"
+
+
+# compare's statistics: of 1-D arrays (one value per round), or row-wise of 2-D arrays (one resample per row).
+
+
+def _ratio_of_medians(values, base):
+    import numpy as np
+
+    return np.median(values, axis=-1) / np.median(base, axis=-1)
+
+
+def _ratio_of_mins(values, base):
+    import numpy as np
+
+    return np.min(values, axis=-1) / np.min(base, axis=-1)
+
+
+def _paired_median(values, base):
+    import numpy as np
+
+    return np.median(values / base, axis=-1)
+
+
+def _extra_us(values, base):
+    import numpy as np
+
+    return (np.median(values, axis=-1) - np.median(base, axis=-1)) * 1e6
+
+
+def _extra_us_paired(values, base):
+    import numpy as np
+
+    return np.median(values - base, axis=-1) * 1e6
+
+
+#: Fewer rounds than this give no verdict ("undecided"): e.g. a --quick run.
+MIN_ROUNDS_FOR_VERDICT = 10
+#: compare's statistics of (variant, reference) seconds per step over rounds.
+STATISTICS = {"ratio_median": _ratio_of_medians, "ratio_min": _ratio_of_mins,
+              "ratio_paired_median": _paired_median, "extra_us": _extra_us, "extra_us_paired": _extra_us_paired}
+
+
+def compare(values, base, reference, target=None, resamples=10000):
+    """One variant against its reference, both timed in the same interleaved rounds (seconds per step).
+
+    Returns a row: median and min ms/step, the ratio of medians, of minimums, the median of per-round ratios,
+    and the extra microseconds per step (difference of medians, and median of per-round differences), each with
+    a 95% bootstrap interval (the rounds
+    resampled jointly: a round ran both, so a burst of load hits them together); with ``target``, the verdict of
+    the ratio of medians' interval against it ("undecided" below ``MIN_ROUNDS_FOR_VERDICT`` rounds).
+    """
+    import numpy as np
+
+    values, base = np.asarray(values, dtype=float), np.asarray(base, dtype=float)
+    stats = summarise(values)
+    row = {"reference": reference, "median_ms": round(stats["median"] * 1e3, 6), "min_ms": round(stats["min"] * 1e3, 6)}
+    for key, statistic in STATISTICS.items():
+        digits = 2 if key.startswith("extra_us") else 4
+        row[key] = round(float(statistic(values, base)), digits)
+        low, high = bootstrap_ci(statistic, [values, base], paired=True, resamples=resamples, vectorized=True)
+        row[key + "_ci95"] = [round(low, digits), round(high, digits)]
+    if target is not None:
+        row["target"] = target
+        row["verdict"] = verdict(row["ratio_median_ci95"], target)
+        if len(values) < MIN_ROUNDS_FOR_VERDICT:  # a bootstrap of a handful of rounds says nothing
+            row["verdict"] = "undecided"
+            row["verdict_note"] = f"only {len(values)} rounds (a verdict needs >= {MIN_ROUNDS_FOR_VERDICT})"
+    return row
+
+
+def _interval(row, key, digits=3):
+    low, high = row[key + "_ci95"]
+    return f"{row[key]:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def comparison_table(title, table, unit="ms"):
+    """Markdown lines of ``compare`` rows (``{name: row}``; a row with ``not_applicable`` prints its reason, a
+    row's ``note`` goes in the last column)."""
+    scale = {"ms": 1.0, "us": 1e3}[unit]
+    lines = [f"**{title}**", "",
+             f"| variant | median {unit}/step | min {unit}/step | ratio (median) [95% CI] | paired ratio (median) "
+             "[95% CI] | extra us/step [95% CI] | paired extra us/step [95% CI] | target | note |",
+             "|---|---:|---:|---:|---:|---:|---:|---|---|"]
+    for name, row in table.items():
+        if "not_applicable" in row:
+            lines.append(f"| {name} | n/a | n/a | n/a | n/a | n/a | n/a | | {row['not_applicable']} |")
+            continue
+        target = f"<= {row['target']}: {row['verdict']}" if "target" in row else ""
+        lines.append(f"| {name} (/ {row['reference']}) | {row['median_ms'] * scale:.3f} | "
+                     f"{row['min_ms'] * scale:.3f} | {_interval(row, 'ratio_median')} | "
+                     f"{_interval(row, 'ratio_paired_median')} | {_interval(row, 'extra_us', 1)} | "
+                     f"{_interval(row, 'extra_us_paired', 1)} | {target} | "
+                     f"{row.get('note', '')} |")
+    return lines + [""]
 
 
 def raw_path(benchmark, directory=None):

@@ -1,5 +1,7 @@
-"""`bench/overhead.py --quick`, `bench/scale.py --quick` and `bench/large_batch.py --quick` run and report (the benchmarks are not tests:
-no timing or accuracy is asserted, only that the scripts finish and their outputs have the documented form)."""
+"""`bench/overhead.py --quick`, `bench/apply_loop.py --quick`, `bench/conv_net.py --quick`, `bench/scale.py --quick` and
+`bench/large_batch.py --quick` run and report (the benchmarks are not tests: no timing or accuracy is asserted, only
+that the scripts finish and their outputs have the documented form). Each runs under this test's Python, so every
+row of the support matrix checks its own form (Keras 2 rows: the XLA rows; Keras 3: the floor rows)."""
 
 import json
 import math
@@ -10,11 +12,32 @@ import sys
 
 import pytest
 
+from hvd_sched._compat import keras_major  # no TensorFlow import
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-OVERHEAD_VARIANTS = {"baseline", "horovod_callbacks", "keras_schedule", "hvd_sched_optimizer", "hvd_sched_callback",
-                     "baseline_spe16", "hvd_sched_optimizer_spe16"}
-OVERHEAD_NOT_APPLICABLE = {"horovod_callbacks_spe16", "hvd_sched_callback_spe16"}
+
+KERAS_MAJOR = keras_major()
+if KERAS_MAJOR == 2:
+    OVERHEAD_VARIANTS = {"baseline", "horovod_callbacks", "keras_schedule", "hvd_sched_optimizer",
+                         "hvd_sched_callback", "baseline_spe16", "hvd_sched_optimizer_spe16", "baseline_xla",
+                         "hvd_sched_optimizer_xla", "baseline_xla_spe16", "hvd_sched_optimizer_xla_spe16"}
+    OVERHEAD_NOT_APPLICABLE = {"horovod_callbacks_spe16", "hvd_sched_callback_spe16"}
+    OVERHEAD_EXTRA_ROWS = set()
+    OVERHEAD_TARGETS = {"hvd_sched_optimizer", "hvd_sched_optimizer_spe16", "hvd_sched_optimizer_xla",
+                        "hvd_sched_optimizer_xla_spe16"}
+    TIMELINE_VARIANTS = ["baseline", "hvd_sched_optimizer", "hvd_sched_optimizer_xla"]
+    CONSTANT_LR = {"baseline", "baseline_spe16", "baseline_xla", "baseline_xla_spe16"}
+else:
+    OVERHEAD_VARIANTS = {"baseline", "keras_schedule", "hvd_sched_optimizer", "hvd_sched_callback", "floor",
+                         "baseline_spe16", "hvd_sched_optimizer_spe16", "floor_spe16"}
+    OVERHEAD_NOT_APPLICABLE = {"horovod_callbacks", "horovod_callbacks_spe16", "hvd_sched_callback_spe16",
+                               "baseline_xla", "hvd_sched_optimizer_xla"}
+    OVERHEAD_EXTRA_ROWS = {"distributed_vs_floor", "distributed_vs_floor_spe16"}
+    OVERHEAD_TARGETS = {"hvd_sched_optimizer", "hvd_sched_optimizer_spe16"} | OVERHEAD_EXTRA_ROWS
+    TIMELINE_VARIANTS = ["floor", "baseline", "hvd_sched_optimizer"]
+    CONSTANT_LR = {"baseline", "baseline_spe16", "floor", "floor_spe16"}
 VERDICTS = {"confirmed", "refuted", "undecided"}
+RATIO_KEYS = ("ratio_median", "ratio_min", "ratio_paired_median", "extra_us", "extra_us_paired")
 
 
 def _run_script(name, *args, timeout):
@@ -26,45 +49,136 @@ def _run_script(name, *args, timeout):
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
+def _check_row(row, where):
+    """A compared row: times, every statistic with an interval that contains it, the target's verdict."""
+    assert row["median_ms"] > 0 and row["min_ms"] > 0 and row["min_ms"] <= row["median_ms"], where
+    for key in RATIO_KEYS:  # every statistic has its interval
+        low, high = row[key + "_ci95"]
+        assert low <= row[key] <= high, (where, key)
+        if not key.startswith("extra_us"):
+            assert 0 < low, (where, key)
+    if "target" in row:
+        assert row["target"] == 1.02 and row["verdict"] in VERDICTS, where
+
+
+def _check_machine(machine):
+    for key in ("nproc", "cpu", "python", "tensorflow", "keras", "horovod", "stack_row", "git"):
+        assert machine[key], key
+    assert len(machine["git"]["commit"]) == 40
+
+
 @pytest.mark.slow
 @pytest.mark.multirank
 def test_overhead_quick_reports_ratios_and_equal_communication(tmp_path):
     out = tmp_path / "overhead.json"
-    last = _run_script("overhead.py", "--quick", "--out", out, "--raw-dir", tmp_path / "raw", timeout=240)
+    last = _run_script("overhead.py", "--quick", "--out", out, "--raw-dir", tmp_path / "raw", timeout=400)
     assert set(last) == {"ranks1", "ranks2"}
     for ranks, ratios in last.items():
-        assert set(ratios) == OVERHEAD_VARIANTS, ranks
-        assert ratios["baseline"] == 1.0 and ratios["baseline_spe16"] == 1.0
+        assert set(ratios) == OVERHEAD_VARIANTS | OVERHEAD_EXTRA_ROWS, ranks
+        assert all(ratios[name] == 1.0 for name in CONSTANT_LR), ratios
         assert all(isinstance(r, float) and math.isfinite(r) and r > 0 for r in ratios.values()), ratios
     report = json.loads(out.read_text())
+    _check_machine(report["machine"])
+    assert report["keras_major"] == KERAS_MAJOR
     for ranks in ("ranks1", "ranks2"):
-        assert set(report[ranks]) == OVERHEAD_VARIANTS | OVERHEAD_NOT_APPLICABLE
+        assert set(report[ranks]) == set(report["cpu"][ranks]) == \
+            OVERHEAD_VARIANTS | OVERHEAD_NOT_APPLICABLE | OVERHEAD_EXTRA_ROWS
+        for name in OVERHEAD_VARIANTS | OVERHEAD_EXTRA_ROWS:  # the same rows in process CPU time
+            _check_row(report["cpu"][ranks][name], ("cpu", ranks, name))
         for name in OVERHEAD_NOT_APPLICABLE:
-            assert "Python" in report[ranks][name]["not_applicable"]
-        for name in OVERHEAD_VARIANTS:
+            reason = report[ranks][name]["not_applicable"]
+            keras3_only = KERAS_MAJOR == 3 and name.startswith("horovod")
+            assert ("XLA" if "xla" in name else "Keras 3" if keras3_only else "Python") in reason, name
+        for name in OVERHEAD_VARIANTS | OVERHEAD_EXTRA_ROWS:
             row = report[ranks][name]
-            assert row["median_ms"] > 0 and row["min_ms"] > 0 and row["min_ms"] <= row["median_ms"]
-            assert row["reference"] == ("baseline_spe16" if name.endswith("_spe16") else "baseline")
-            for key in ("ratio_median", "ratio_min", "ratio_paired_median"):  # every ratio has its interval
-                low, high = row[key + "_ci95"]
-                assert 0 < low <= high, (ranks, name, key)
-        for name in ("hvd_sched_optimizer", "hvd_sched_optimizer_spe16"):
-            assert report[ranks][name]["target"] == 1.02 and report[ranks][name]["verdict"] in VERDICTS
+            _check_row(row, (ranks, name))
+            assert ("target" in row) == (name in OVERHEAD_TARGETS), (ranks, name)
+        for name in OVERHEAD_VARIANTS:
+            reference = ("floor" if name.startswith("floor") else "baseline") + ("_xla" if "_xla" in name else "") \
+                + ("_spe16" if name.endswith("_spe16") else "")
+            assert report[ranks][name]["reference"] == reference, (ranks, name)
+        for name in OVERHEAD_EXTRA_ROWS:  # Keras 3: hvd_sched's DistributedOptimizer against the floor
+            assert report[ranks][name]["reference"] == name.replace("distributed_vs_", ""), name
+            assert ("note" in report[ranks][name]) == (ranks == "ranks1"), name  # no collective at size 1
         assert len(report["seconds_per_step"][ranks]["baseline_spe16"]) == report["settings"]["rounds"]
+        assert len(report["cpu_seconds_per_step"][ranks]["baseline_spe16"]) == report["settings"]["rounds"]
     assert report["steps_per_execution"]["hvd_sched_optimizer_spe16"] == 16
-    raw = list((tmp_path / "raw").glob("*_overhead.json"))
+    assert all(report["jit_compile_optimizer"][name] == ("_xla" in name) for name in OVERHEAD_VARIANTS)
+    raw = list((tmp_path / "raw").glob("*_overhead_*.json"))
     assert len(raw) == 1 and json.loads(raw[0].read_text())["seconds_per_step"] == report["seconds_per_step"]
+    assert raw[0].with_suffix(".md").read_text().count("| hvd_sched_optimizer (/ baseline) |") == 4  # wall, CPU
     # The wrapper leaves Horovod's communication alone: same collectives and bytes per step as the baseline.
     timeline = report["timeline"]
-    assert timeline["identical"] is True
-    assert timeline["baseline"]["ops_per_step"]["ALLREDUCE"] == 4  # kernel and bias of two Dense layers
-    assert timeline["baseline"]["allreduce_bytes_per_step"] == 4 * (32 * 64 + 64 + 64 * 2 + 2)
+    assert timeline["identical"] is True and timeline["compared"] == TIMELINE_VARIANTS
+    for variant in TIMELINE_VARIANTS:
+        assert timeline[variant]["ops_per_step"]["ALLREDUCE"] == 4  # kernel and bias of two Dense layers
+        assert timeline[variant]["allreduce_bytes_per_step"] == 4 * (32 * 64 + 64 + 64 * 2 + 2)
     # Every scheduled variant ends a round at BASE_LR * GAMMA ** 2 (the same schedule shape).
     for ranks, lrs in report["final_lr"].items():
-        assert lrs["baseline"] == lrs["baseline_spe16"] == pytest.approx(0.05), ranks
-        for name in OVERHEAD_VARIANTS - {"baseline", "baseline_spe16"}:
-            assert lrs[name] == pytest.approx(0.05 * 0.01, rel=1e-5), (ranks, name)
-    assert isinstance(report["horovod_momentum_correction_true"]["runs"], bool)
+        assert set(lrs) == OVERHEAD_VARIANTS, ranks
+        for name in OVERHEAD_VARIANTS:
+            expected = 0.05 if name in CONSTANT_LR else 0.05 * 0.01
+            assert lrs[name] == pytest.approx(expected, rel=1e-5), (ranks, name)
+    check = report["horovod_momentum_correction_true"]
+    assert isinstance(check["runs"], bool) if KERAS_MAJOR == 2 else check is None
+
+
+@pytest.mark.slow
+def test_apply_loop_quick_reports_the_optimizer_alone(tmp_path):
+    out = tmp_path / "apply_loop.json"
+    last = _run_script("apply_loop.py", "--quick", "--out", out, "--raw-dir", tmp_path / "raw", timeout=300)
+    variants = {"baseline", "baseline_copy", "keras_schedule", "hvd_sched_lr_only", "hvd_sched_no_correction",
+                "hvd_sched_optimizer"}
+    xla = {"baseline_xla", "hvd_sched_optimizer_xla"}
+    extra = {"baseline_xla_vs_baseline"} if KERAS_MAJOR == 2 else set()
+    assert set(last) == variants | extra | (xla if KERAS_MAJOR == 2 else set())
+    assert last["baseline"] == 1.0 and all(math.isfinite(r) and r > 0 for r in last.values())
+    report = json.loads(out.read_text())
+    _check_machine(report["machine"])
+    summary = report["summary"]  # process CPU time; the same rows in wall time in summary_wall
+    assert set(summary) == set(report["summary_wall"])
+    for name in last:
+        _check_row(summary[name], name)
+        _check_row(report["summary_wall"][name], ("wall", name))
+        assert ("target" in summary[name]) == name.startswith("hvd_sched_optimizer"), name
+        assert summary[name]["verdict"] == "undecided" if "target" in summary[name] else True  # 4 rounds
+    if KERAS_MAJOR == 2:
+        assert summary["hvd_sched_optimizer_xla"]["reference"] == "baseline_xla"
+    else:
+        assert all("per-variable XLA" in summary[name]["not_applicable"] for name in xla)
+    assert "noise" in summary["baseline_copy"]["note"]
+    # Each loop traced once, ran every step, and the scheduled ones end at the schedule's last LR.
+    checks = report["checks"]
+    assert checks["passed"] is True and set(report["tracing_count"].values()) == {1}
+    assert set(checks["iterations"].values()) == {report["settings"]["steps"]} == {200}
+    assert [it for it, _ in report["momentum_corrections"]] == [100, 150]
+    ops = report["graph_ops_per_step"]
+    assert ops["hvd_sched_optimizer"]["loop_body"] > ops["baseline"]["loop_body"] > 0
+    assert len(report["seconds_per_step"]["baseline"]) == report["settings"]["rounds"] == 4
+    assert len(report["cpu_seconds_per_step"]["baseline"]) == 4
+    raw = list((tmp_path / "raw").glob("*_apply_loop_*.json"))
+    assert len(raw) == 1 and raw[0].with_suffix(".md").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.multirank
+def test_conv_net_quick_reports_a_realistic_step(tmp_path):
+    out = tmp_path / "conv_net.json"
+    last = _run_script("conv_net.py", "--quick", "--out", out, timeout=400)
+    assert set(last) == {"ranks1", "ranks2"}
+    report = json.loads(out.read_text())
+    _check_machine(report["machine"])
+    for ranks in ("ranks1", "ranks2"):
+        assert last[ranks]["baseline"] == 1.0
+        for name in ("baseline", "hvd_sched_optimizer"):
+            _check_row(report[ranks][name], (ranks, name))
+            _check_row(report["cpu"][ranks][name], ("cpu", ranks, name))
+        assert report[ranks]["hvd_sched_optimizer"]["target"] == 1.02
+        raw = report[f"raw_{ranks}"]
+        assert raw["weights"] == 24346 and raw["size"] == int(ranks[-1])
+        assert raw["final_lr"]["baseline"] == pytest.approx(0.05)
+        assert raw["final_lr"]["hvd_sched_optimizer"] == pytest.approx(0.0005, rel=1e-5)
+        assert {it for it, _ in raw["momentum_corrections"]} >= {3, 4}  # the two decays (and the short warmup)
 
 
 @pytest.mark.slow
