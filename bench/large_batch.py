@@ -286,6 +286,12 @@ def main(argv=None):
     parser.add_argument("--out-dir", default=None,
                         help="where large_batch.json and large_batch.png go (default: docs/ without --quick)")
     args = parser.parse_args(argv)
+    from hvd_sched._compat import keras_major  # no TensorFlow import
+
+    if keras_major() == 3:
+        # Each of the paper's workers normalises its own 32 samples: Keras 2's BatchNormalization(virtual_batch_size),
+        # which Keras 3 does not have. The figures in docs/large_batch.json are Keras 2's (tf2.15 row).
+        parser.error("needs Keras 2 (BatchNormalization(virtual_batch_size=...)); run it on the tf2.15 or tf2.20 row")
     settings = dict(SETTINGS)
     if args.quick:
         settings.update(QUICK)

@@ -157,15 +157,28 @@ def case(args):
     model.compile(optimizer, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     model.fit(x, y, batch_size=16, epochs=1, steps_per_epoch=1, verbose=0)
     result["fit_s"] = time.perf_counter() - started
-    result["lr_after_step"] = float(tf.keras.backend.get_value(optimizer.learning_rate))
+    result["lr_after_step"] = float(np.asarray(optimizer.learning_rate))
     result["lr_at_0"] = float(np.float32(schedule.lr_at(0)))  # the LR the first step used
-    functions = model.train_function._list_all_concrete_functions()  # the step(s) fit traced
+    functions = _traced_functions(model.train_function)  # the step(s) fit traced
     graphs = [function.graph.as_graph_def() for function in functions]
     result["graphdef_bytes"] = max(graph.ByteSize() for graph in graphs)
     result["graphdef_nodes"] = max(len(graph.node) + sum(len(f.node_def) for f in graph.library.function)
                                    for graph in graphs)
     result["peak_rss_mb"] = _peak_rss_mb()
     print(json.dumps(result))
+
+
+def _traced_functions(train_function):
+    """The concrete functions `fit` traced: Keras 2's train_function is a tf.function; Keras 3's is a Python
+    function calling tf.functions it holds in its closure."""
+    if hasattr(train_function, "_list_all_concrete_functions"):
+        return train_function._list_all_concrete_functions()
+    functions = []
+    for cell in train_function.__closure__ or ():
+        inner = cell.cell_contents
+        if hasattr(inner, "_list_all_concrete_functions"):
+            functions += inner._list_all_concrete_functions()
+    return functions
 
 
 # ---------------------------------------------------------------------------------------------- driver side
