@@ -57,7 +57,13 @@ def model():
         tf.keras.utils.set_random_seed(1)
         return tf.keras.Sequential([tf.keras.Input((4,), dtype="int32"), tf.keras.layers.Embedding(20, 3),
                                     tf.keras.layers.Flatten(), tf.keras.layers.Dense(3)])
-    return rankutil.make_mlp(seed=1)
+    m = rankutil.make_mlp(seed=1)
+    if mode == "overflow":
+        # Keras' mixed precision guide: the output in float32, so the loss is computed (and reported) in float32
+        # on both Keras versions and only the float16 gradients overflow; a float16 loss of 1e4**2 would itself be
+        # inf on Keras 2, and StopOnNonFinite (in horovod_callbacks) would rightly stop rank 1.
+        m.add(tf.keras.layers.Activation("linear", dtype="float32"))
+    return m
 
 
 if mode == "overflow":
