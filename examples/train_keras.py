@@ -220,7 +220,10 @@ class EpochReport(tf.keras.callbacks.Callback):
         first = epoch * self.steps_per_epoch
         lrs = self.schedule.lr_at(np.arange(first, first + self.steps_per_epoch))
         lr = f"{lrs[0]:.4g}" if lrs[0] == lrs[-1] else f"{lrs[0]:.4g} -> {lrs[-1]:.4g}"
-        metrics = "  ".join(f"{k} {v:.4f}" for k, v in (logs or {}).items() if k != "learning_rate")
+        # Keras 3 hands the logs sorted by name: print loss first and validation last on every Keras.
+        order = lambda k: (k.startswith("val_"), k.removeprefix("val_") != "loss", k)
+        metrics = "  ".join(f"{k} {(logs or {})[k]:.4f}" for k in sorted(logs or {}, key=order)
+                            if k != "learning_rate")
         print(f"epoch {epoch + 1}/{self.epochs}  lr {lr}  {metrics}", flush=True)
         self.history.append({"epoch": epoch + 1, "lr_first": float(lrs[0]), "lr_last": float(lrs[-1]),
                              **{k: float(v) for k, v in (logs or {}).items()}})
