@@ -17,6 +17,7 @@
 - ``raw_path``: ``docs/bench/<UTC date and time>_<benchmark>.json``, where every full run keeps its raw figures.
 """
 
+import argparse
 import datetime
 import os
 import pathlib
@@ -27,7 +28,7 @@ import sys
 
 __all__ = ["ROOT", "DOCS", "RAW_DIR", "limit_threads", "horovodrun_cmd", "worker_env", "machine", "stack_row",
            "git_commit", "loadavg", "run_checked", "summarise", "bootstrap_ci", "verdict", "compare",
-           "comparison_table", "raw_path", "write_json"]
+           "comparison_table", "raw_path", "write_json", "add_output_arguments", "write_report"]
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -321,6 +322,32 @@ def raw_path(benchmark, directory=None):
     overwritten by a later run."""
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H%M%S")
     return pathlib.Path(directory or RAW_DIR) / f"{stamp}_{benchmark}.json"
+
+
+def add_output_arguments(parser, benchmark, *, out_help="also write the JSON report here", workers=True):
+    """The options every timing script shares: ``--out``, ``--raw-dir`` and, for scripts that start worker
+    processes, ``--timeout`` and the hidden ``--worker`` / ``--result``."""
+    parser.add_argument("--out", default=None, help=out_help)
+    parser.add_argument("--raw-dir", default=None,
+                        help=f"where the run goes as <date>_{benchmark}_<row>.json and .md (default: docs/bench/ "
+                             "without --quick; with --quick only if given)")
+    if workers:
+        parser.add_argument("--timeout", type=float, default=1800, help="seconds allowed to each subprocess")
+        parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+        parser.add_argument("--result", default=None, help=argparse.SUPPRESS)
+
+
+def write_report(report, lines, benchmark, args):
+    """``report`` to ``args.out`` if given; a full run (or one given ``--raw-dir``) also keeps it as
+    ``raw_path(benchmark)`` with the printed tables ``lines`` beside it as ``.md``."""
+    if args.out:
+        write_json(args.out, report)
+        print(f"wrote {args.out}")
+    if args.raw_dir or not args.quick:
+        path = raw_path(benchmark, args.raw_dir)
+        write_json(path, report)
+        path.with_suffix(".md").write_text("\n".join(lines) + "\n")
+        print(f"wrote {path} and {path.with_suffix('.md').name}")
 
 
 def write_json(path, data):

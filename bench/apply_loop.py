@@ -207,10 +207,7 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="4 rounds x 200 steps (well under a minute)")
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds (one call per variant each)")
     parser.add_argument("--steps", type=int, default=None, help="updates per call of a variant's loop")
-    parser.add_argument("--out", default=None, help="also write the JSON report here")
-    parser.add_argument("--raw-dir", default=None,
-                        help="where the run goes as <date>_apply_loop_<row>.json and .md (default: docs/bench/ "
-                             "without --quick; with --quick only if given)")
+    _common.add_output_arguments(parser, "apply_loop", workers=False)
     args = parser.parse_args(argv)
     setting = dict(SETTINGS["quick" if args.quick else "full"])
     for name in ("rounds", "steps"):
@@ -246,14 +243,7 @@ def main(argv=None):
     lines.append("Graph nodes per step (loop body + functions it calls): " + ", ".join(
         f"{name} {ops['loop_body']} + {ops['called_functions']}" for name, ops in raw["graph_ops_per_step"].items()))
     print("\n".join(lines))
-    if args.out:
-        _common.write_json(args.out, report)
-        print(f"wrote {args.out}")
-    if args.raw_dir or not args.quick:
-        path = _common.raw_path(f"apply_loop_{row}", args.raw_dir)
-        _common.write_json(path, report)
-        path.with_suffix(".md").write_text("\n".join(lines) + "\n")
-        print(f"wrote {path} and {path.with_suffix('.md').name}")
+    _common.write_report(report, lines, f"apply_loop_{row}", args)
     print(json.dumps({name: r["ratio_median"] for name, r in summaries["cpu_seconds_per_step"].items()
                       if "not_applicable" not in r}))
     return 0 if raw["checks"]["passed"] else 1

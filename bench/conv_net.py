@@ -133,13 +133,7 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds per variant")
     parser.add_argument("--steps-per-epoch", type=int, default=None, help=f"a round is {EPOCHS} epochs")
     parser.add_argument("--ranks", type=int, nargs="+", choices=(1, 2), default=(1, 2), help="1, 2 or both")
-    parser.add_argument("--out", default=None, help="also write the JSON report here")
-    parser.add_argument("--raw-dir", default=None,
-                        help="where the run goes as <date>_conv_net_<row>.json and .md (default: docs/bench/ "
-                             "without --quick; with --quick only if given)")
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds allowed to each subprocess")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--result", default=None, help=argparse.SUPPRESS)
+    _common.add_output_arguments(parser, "conv_net")
     args = parser.parse_args(argv)
     setting = dict(SETTINGS["quick" if args.quick else "full"])
     for name in ("rounds", "steps_per_epoch"):
@@ -190,14 +184,7 @@ def main(argv=None):
             lines += _common.comparison_table(f"{raw['size']} rank(s), {clock}: {setting['rounds']} rounds x {steps} "
                                               f"steps, {raw['weights']} weights", tables[key])
     print("\n".join(lines))
-    if args.out:
-        _common.write_json(args.out, report)
-        print(f"wrote {args.out}")
-    if args.raw_dir or not args.quick:
-        path = _common.raw_path(f"conv_net_{row}", args.raw_dir)
-        _common.write_json(path, report)
-        path.with_suffix(".md").write_text("\n".join(lines) + "\n")
-        print(f"wrote {path} and {path.with_suffix('.md').name}")
+    _common.write_report(report, lines, f"conv_net_{row}", args)
     print(json.dumps({key: {name: r["ratio_median"] for name, r in table.items()} for key, table in results.items()}))
     return 0
 

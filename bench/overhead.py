@@ -380,14 +380,7 @@ def driver(args):
               for key, lrs in report["final_lr"].items()]
     print("\n".join(lines))
     print(f"took {durations['total_s']:.0f} s ({report['durations_s']}); load averages {loads}")
-    if args.out:
-        _common.write_json(args.out, report)
-        print(f"wrote {args.out}")
-    if args.raw_dir or not args.quick:  # every full run keeps its raw per-round figures, under its own name
-        raw = _common.raw_path(f"overhead_{row}", args.raw_dir)
-        _common.write_json(raw, report)
-        raw.with_suffix(".md").write_text("\n".join(lines) + "\n")
-        print(f"wrote {raw} and {raw.with_suffix('.md').name}")
+    _common.write_report(report, lines, f"overhead_{row}", args)
     print(json.dumps({key: {name: r["ratio_median"] for name, r in results[key].items() if "not_applicable" not in r}
                       for key in ("ranks1", "ranks2")}))
     return 0 if timeline["identical"] else 1
@@ -399,15 +392,8 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds per variant")
     parser.add_argument("--steps-per-epoch", type=int, default=None,
                         help=f"steps per epoch; a round is {EPOCHS} epochs")
-    parser.add_argument("--out", default=None,
-                        help="where to write the JSON report (default: docs/overhead.json for a full run on the "
-                             "tf2.15 row)")
-    parser.add_argument("--raw-dir", default=None,
-                        help="where this run's raw figures go as <date>_overhead_<row>.json and .md (default: "
-                             "docs/bench/ without --quick; with --quick only if given)")
-    parser.add_argument("--timeout", type=float, default=1800, help="seconds allowed to each subprocess")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--result", default=None, help=argparse.SUPPRESS)
+    _common.add_output_arguments(parser, "overhead", out_help="where to write the JSON report (default: "
+                                 "docs/overhead.json for a full run on the tf2.15 row)")
     parser.add_argument("--timeline-dir", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--check-horovod-momentum-correction", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
