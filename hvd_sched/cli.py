@@ -5,8 +5,10 @@
     hvd-sched check CONFIG [--world-size N] [--steps-per-epoch S]     validate: every problem, or a summary
 
 ``CONFIG`` is a Detectron YAML file (only its ``SOLVER`` section is read). ``--world-size`` applies the linear
-scaling of ``REFERENCE_WORLD_SIZE`` (without it the config is shown as written, for its reference size);
-``--steps-per-epoch`` converts the ``*_EPOCHS`` keys. Also runs as ``python -m hvd_sched.cli``.
+scaling of ``REFERENCE_WORLD_SIZE`` by ``N x ITER_SIZE`` (without it the config is shown as written, for its
+reference size: ``REFERENCE_WORLD_SIZE / ITER_SIZE`` ranks); ``--steps-per-epoch`` (optimizer updates per epoch)
+converts the ``*_EPOCHS`` keys. Iterations count optimizer updates, each of ITER_SIZE micro-batches per rank. Also
+runs as ``python -m hvd_sched.cli``.
 
 Exit status: 0 on success; 2 for bad input (usage, missing file, malformed YAML, invalid values), reported as
 messages on stderr, never a traceback. Imports numpy and PyYAML only (matplotlib for ``plot``).
@@ -107,12 +109,31 @@ def collect_problems(section, *, steps_per_epoch=None, world_size=None, dialect=
     return None, problems
 
 
+def _positive_int(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _iter_size(section):
+    """The config's ITER_SIZE when it is valid, else 1 (``from_detectron`` reports an invalid one)."""
+    iter_size = section.get("ITER_SIZE", 1)
+    return iter_size if _positive_int(iter_size) else 1
+
+
 def _world_size(section, given):
-    """``--world-size``, else REFERENCE_WORLD_SIZE (the config as written), else None."""
+    """``--world-size``, else the ranks the config was written for (REFERENCE_WORLD_SIZE / ITER_SIZE), else None.
+
+    REFERENCE_WORLD_SIZE counts ranks x ITER_SIZE; when ITER_SIZE does not divide it, no number of ranks runs the
+    config as written, and its REFERENCE_WORLD_SIZE ranks are shown (``_load`` notes the scaling).
+    """
     if given is not None:
         return given, None
     reference = section.get("REFERENCE_WORLD_SIZE", 0)
-    if isinstance(reference, int) and not isinstance(reference, bool) and reference > 0:
+    if _positive_int(reference):
+        iter_size = _iter_size(section)
+        if iter_size > 1 and reference % iter_size == 0:
+            ranks = reference // iter_size
+            return ranks, (f"world size {ranks} (REFERENCE_WORLD_SIZE {reference} / ITER_SIZE {iter_size}; pass "
+                           "--world-size N to scale)")
         return reference, f"world size {reference} (REFERENCE_WORLD_SIZE; pass --world-size N to scale)"
     return None, None
 
@@ -131,9 +152,10 @@ def _load(args, *, provisional_steps=False):
     notes = [str(warning.message) for warning in caught] + ([note] if note else [])
     notes += [f"{key} has no effect in {dialects.LABELS[args.dialect]}: {why}"
               for key, why in dialects.NO_EFFECT.get(args.dialect, {}).items() if key in section]
-    reference = section.get("REFERENCE_WORLD_SIZE", 0)
-    if args.world_size is not None and isinstance(reference, int) and reference > 0 and reference != world_size:
-        notes.append(f"LR scaled linearly by world size {world_size} / REFERENCE_WORLD_SIZE {reference}")
+    reference, iter_size = section.get("REFERENCE_WORLD_SIZE", 0), _iter_size(section)
+    if _positive_int(reference) and world_size is not None and reference != world_size * iter_size:
+        ranks = f"world size {world_size}" + (f" x ITER_SIZE {iter_size}" if iter_size > 1 else "")
+        notes.append(f"LR scaled linearly by {ranks} / REFERENCE_WORLD_SIZE {reference}")
     steps_per_epoch = args.steps_per_epoch
     epoch_keys = [key for key in section if key in EPOCH_KEYS]
     if epoch_keys and steps_per_epoch is None:
@@ -249,6 +271,15 @@ def _correction_rule(schedule):
     return "at every LR change" if mode == "every_change" else "off (SCALE_MOMENTUM: False)"
 
 
+def _accumulation(schedule):
+    """The ``show`` lines on gradient accumulation: one when ITER_SIZE > 1, none when it is 1."""
+    size = schedule.iter_size
+    if size == 1:
+        return []
+    return [f"  accumulation: ITER_SIZE {size} micro-batches per iteration (global batch = ranks x {size} x "
+            "per-rank batch; iterations count updates)"]
+
+
 def _show(args):
     schedule, notes = _load(args)
     spe = args.steps_per_epoch
@@ -257,7 +288,7 @@ def _show(args):
                                            else "no warmup")
     lines = [f"{args.config}: {schedule.lr_policy}, BASE_LR {_fmt(schedule.base_lr)}, MAX_ITER {schedule.max_iter}, "
              f"{warmup}", f"  parameters: {_parameter_rules(schedule)} (hvd_sched.keras.build_optimizer)",
-             *(f"  note: {note}" for note in notes), "", "phases"]
+             *_accumulation(schedule), *(f"  note: {note}" for note in notes), "", "phases"]
     header = ["phase", "start", "end", "lr at start", "lr at end-1"] + (["start epoch"] if spe else [])
     rows = [[name, start, "-" if end is None else end, _fmt(first), "-" if last is None else _fmt(last)]
             + ([f"{start / spe:g}"] if spe else []) for name, start, end, first, last in phases(schedule)]
@@ -301,8 +332,10 @@ def _check(args):
     corrections = _count(schedule.momentum_corrections(max(schedule.max_iter, schedule.hold_iter) + 1,
                                                        limit=MAX_CORRECTIONS + 1))
     extra = f" ({'; '.join(notes)})" if notes else ""
+    accumulation = (f", ITER_SIZE {schedule.iter_size} micro-batches per iteration" if schedule.iter_size > 1
+                    else "")
     print(f"OK {args.config}: {schedule.lr_policy}, BASE_LR {_fmt(schedule.base_lr)}, {warmup}{steps}, "
-          f"MAX_ITER {schedule.max_iter}, {corrections} momentum corrections{extra}")
+          f"MAX_ITER {schedule.max_iter}{accumulation}, {corrections} momentum corrections{extra}")
 
 
 def _parser():
@@ -311,8 +344,10 @@ def _parser():
     commands = parser.add_subparsers(dest="command", required=True, metavar="{show,plot,check}")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("config", metavar="CONFIG", help="Detectron-style YAML file (its SOLVER section)")
-    common.add_argument("--world-size", type=int, metavar="N", help="workers, for REFERENCE_WORLD_SIZE scaling")
-    common.add_argument("--steps-per-epoch", type=int, metavar="S", help="iterations per epoch, for *_EPOCHS")
+    common.add_argument("--world-size", type=int, metavar="N",
+                        help="workers, for REFERENCE_WORLD_SIZE scaling (by N x ITER_SIZE)")
+    common.add_argument("--steps-per-epoch", type=int, metavar="S",
+                        help="iterations (optimizer updates) per epoch, for *_EPOCHS")
     common.add_argument("--dialect", choices=dialects.DIALECTS, default="detectron",
                         help="whose SOLVER keys and semantics the config has (default: detectron)")
     commands.add_parser("show", parents=[common], help="table of phases, LRs and momentum corrections")

@@ -4,17 +4,26 @@ Units are converted here, once. The keys are Detectron's (``detectron/core/confi
 hvd_sched additions:
 
 - ``SCALE_MOMENTUM_MODE``, ``STEP_SIZES``, ``POWER``, ``LR_FACTOR``: see ``Schedule``.
+- ``ITER_SIZE`` (int >= 1, default 1; Caffe's ``iter_size``): micro-batches per iteration. Each iteration, one
+  optimizer update, averages the gradients of ITER_SIZE micro-batches on every rank (Horovod's
+  ``backward_passes_per_step``, Keras 3's ``gradient_accumulation_steps``), so the global batch is ``world_size *
+  ITER_SIZE * per-rank batch``. Every iteration-valued key (MAX_ITER, STEPS, WARM_UP_ITERS, ...) still counts
+  updates, and ``steps_per_epoch`` is updates per epoch (micro-batches per epoch / ITER_SIZE). It is carried into
+  the ``Schedule`` unchanged; only the two rules below count it.
 - Epoch units for Keras users: ``MAX_EPOCHS``, ``STEP_SIZE_EPOCHS``, ``STEPS_EPOCHS``, ``WARM_UP_EPOCHS``,
   ``STEP_SIZES_EPOCHS``, converted with the ``steps_per_epoch`` argument to ``int(round(epochs *
   steps_per_epoch))`` iterations (Python's round: halves go to even). Giving a key in both units is an error.
 - Linear scaling (Goyal et al., arXiv:1706.02677; detectron2's ``DefaultTrainer.auto_scale_workers``):
   ``REFERENCE_WORLD_SIZE`` (0, the default, turns it off) is the world size the config was written for; with
-  the ``world_size`` argument, ``scale = world_size / REFERENCE_WORLD_SIZE``, BASE_LR and the absolute LRS of
-  ``steps_with_lrs`` are multiplied by ``scale``, and the iteration-valued keys given in iterations (MAX_ITER,
-  STEP_SIZE, STEPS, WARM_UP_ITERS, STEP_SIZES, defaults included) become ``int(round(value / scale))``.
-  Epoch-valued keys are not divided: ``steps_per_epoch`` already reflects the global batch.
-- ``WARM_UP_FACTOR: horovod``: Horovod's gradual warmup from ``lr / size`` to ``lr``, i.e. ``1 / scale``
-  (``REFERENCE_WORLD_SIZE / world_size``, or ``1 / world_size`` when REFERENCE_WORLD_SIZE is 0).
+  the ``world_size`` argument, the scale counts the global batch: ``scale = world_size * ITER_SIZE /
+  REFERENCE_WORLD_SIZE`` (ITER_SIZE 2 on 2 ranks gives exactly the schedule of 4 ranks with ITER_SIZE 1). BASE_LR
+  and the absolute LRS of ``steps_with_lrs`` are multiplied by ``scale``, and the iteration-valued keys given in
+  iterations (MAX_ITER, STEP_SIZE, STEPS, WARM_UP_ITERS, STEP_SIZES, defaults included) become
+  ``int(round(value / scale))``. Epoch-valued keys are not divided: ``steps_per_epoch`` already reflects the
+  global batch.
+- ``WARM_UP_FACTOR: horovod``: Horovod's gradual warmup from ``lr / size`` to ``lr``, with the size counting the
+  micro-batches of an update: ``(REFERENCE_WORLD_SIZE or 1) / (world_size * ITER_SIZE)``, i.e. ``1 / scale``
+  when REFERENCE_WORLD_SIZE is set.
 
 The world size is always an argument, never looked up. Lower-case keys (``get_config()`` dicts) are rejected:
 ``Schedule.from_config`` is for those.
@@ -193,18 +202,21 @@ def _to_iterations(epoch_key, epochs, steps_per_epoch):
     return int(round(iterations))
 
 
-def _scale_linearly(section, world_size, from_epochs, notes):
+def _scale_linearly(section, world_size, iter_size, from_epochs, notes):
+    """Goyal et al.'s rule on the private copy ``section``, by ``world_size * iter_size / REFERENCE_WORLD_SIZE``
+    (the global batch counts every micro-batch of an update); returns ``(scale, REFERENCE_WORLD_SIZE)``."""
     reference = integer("reference_world_size", section.pop("REFERENCE_WORLD_SIZE", 0), low=0)
     if reference == 0:
         return 1.0, 0
     if world_size is None:
         raise ValueError(f"REFERENCE_WORLD_SIZE={reference} requires the world_size argument")
-    scale = world_size / reference
+    # The int product first, so that 2 ranks x ITER_SIZE 2 give bit for bit the scale (and LRs) of 4 ranks.
+    scale = world_size * iter_size / reference
     if scale == 1.0:
         return scale, reference
     # finite=False: Schedule rejects an infinite BASE_LR, as it does infinite LRS, with the scaling note.
     section["BASE_LR"] = _scaled_lr(section.get("BASE_LR", SOLVER_KEYS["BASE_LR"]), world_size, reference,
-                                    finite=False)
+                                    iter_size=iter_size, finite=False)
     policy = section.get("LR_POLICY", SOLVER_KEYS["LR_POLICY"])
     if isinstance(policy, str) and policy == "steps_with_lrs" and "LRS" in section:
         section["LRS"] = [lr * scale for lr in float_list("lrs", section["LRS"])]
@@ -216,7 +228,11 @@ def _scale_linearly(section, world_size, from_epochs, notes):
             section[key] = [int(round(item / scale)) for item in int_list(key.lower(), value)]
         else:
             section[key] = int(round(integer(key.lower(), value, low=0) / scale))
-    notes.append(f"linear scaling by world_size / REFERENCE_WORLD_SIZE = {world_size} / {reference}")
+    if iter_size == 1:
+        notes.append(f"linear scaling by world_size / REFERENCE_WORLD_SIZE = {world_size} / {reference}")
+    else:
+        notes.append(f"linear scaling by world_size x ITER_SIZE / REFERENCE_WORLD_SIZE = {world_size} x {iter_size} "
+                     f"/ {reference}")
     return scale, reference
 
 
@@ -226,12 +242,13 @@ def from_detectron(solver, *, steps_per_epoch=None, world_size=None, dialect="de
     Args:
         solver: a mapping of upper-case SOLVER keys, a mapping with a ``SOLVER`` section (other sections
             ignored), or the path of a Detectron YAML config.
-        steps_per_epoch: iterations per epoch (int > 0), required by the ``*_EPOCHS`` keys.
+        steps_per_epoch: iterations (optimizer updates) per epoch (int > 0), required by the ``*_EPOCHS`` keys.
+            With ITER_SIZE > 1 that is the micro-batches per epoch divided by ITER_SIZE.
         world_size: the number of workers (int > 0), required by ``REFERENCE_WORLD_SIZE > 0`` and
-            ``WARM_UP_FACTOR: horovod``; otherwise unused.
+            ``WARM_UP_FACTOR: horovod``; otherwise unused. Both rules count ``world_size * ITER_SIZE``.
         dialect: ``'detectron'`` (default), ``'large_scale_vrd'`` or ``'video_nonlocal'``: whose keys, defaults
             and LR / warmup / correction semantics the config has (``hvd_sched.dialects``, docs/dialects.md).
-            The hvd_sched additions (epoch keys, REFERENCE_WORLD_SIZE, ...) belong to ``'detectron'``.
+            The hvd_sched additions (epoch keys, REFERENCE_WORLD_SIZE, ITER_SIZE, ...) belong to ``'detectron'``.
 
     Returns:
         A validated ``Schedule`` in iterations.
@@ -260,16 +277,19 @@ def from_detectron(solver, *, steps_per_epoch=None, world_size=None, dialect="de
         except (ValueError, TypeError) as error:
             raise type(error)(dialects.rename(str(error), dialect)) from error
     _check_keys(section)
+    # Checked here, at the boundary, because the scaling rules below read it; Schedule keeps it unchanged.
+    iter_size = integer("iter_size", section.get("ITER_SIZE", SOLVER_KEYS["ITER_SIZE"]), low=1)
     notes = []
     from_epochs = _convert_epochs(section, steps_per_epoch, notes)
-    scale, reference = _scale_linearly(section, world_size, from_epochs, notes)
+    scale, reference = _scale_linearly(section, world_size, iter_size, from_epochs, notes)
     # isinstance first: an array compared with == 'horovod' is an array, whose truth value numpy refuses.
     warm_up_factor = section.get("WARM_UP_FACTOR")
     if isinstance(warm_up_factor, str) and warm_up_factor == "horovod":
         if world_size is None:
             raise ValueError("WARM_UP_FACTOR 'horovod' requires the world_size argument")
-        section["WARM_UP_FACTOR"] = gradual_warmup_factor(world_size, reference or 1)
-        notes.append(f"WARM_UP_FACTOR 'horovod' = {reference or 1} / world_size {world_size}")
+        section["WARM_UP_FACTOR"] = gradual_warmup_factor(world_size, reference or 1, iter_size=iter_size)
+        size = f"world_size {world_size}" if iter_size == 1 else f"(world_size {world_size} x ITER_SIZE {iter_size})"
+        notes.append(f"WARM_UP_FACTOR 'horovod' = {reference or 1} / {size}")
     elif isinstance(warm_up_factor, str):
         raise ValueError(f"WARM_UP_FACTOR must be a number or 'horovod', got {warm_up_factor!r}")
     arguments = {key.lower(): value for key, value in section.items()}
@@ -284,51 +304,71 @@ def from_detectron(solver, *, steps_per_epoch=None, world_size=None, dialect="de
 _WORLD_SIZES = ("world_size", "reference_world_size")
 
 
-def _scaled_lr(base_lr, size, reference, names=_WORLD_SIZES, *, finite=True):
-    """``base_lr * (size / reference)`` with validated arguments (``names``: those of ``size`` and ``reference``).
+def _scaled_lr(base_lr, size, reference, names=_WORLD_SIZES, *, iter_size=1, finite=True):
+    """``base_lr * (size * iter_size / reference)`` with validated arguments (``names``: those of ``size`` and
+    ``reference``; ``iter_size`` is named ITER_SIZE, as the key).
 
     ``finite``: reject a product beyond float64; else return it (inf), for Schedule to reject with the notes.
     """
     base_lr = number("base_lr", base_lr, low=0, low_open=True)
     size = integer(names[0], size, low=1, label=names[0])
     reference = integer(names[1], reference, low=1, label=names[1])
-    lr = base_lr * (size / reference)
+    iter_size = integer("iter_size", iter_size, low=1)
+    lr = base_lr * (size * iter_size / reference)  # the int product first: exact, whatever the split
     if finite and not math.isfinite(lr):
-        raise ValueError(f"BASE_LR * ({names[0]} / {names[1]}) must be finite, got {base_lr!r} * ({size} / "
-                         f"{reference}) = {lr!r}")
+        times = "" if iter_size == 1 else " x ITER_SIZE"
+        got = "" if iter_size == 1 else f" x {iter_size}"
+        raise ValueError(f"BASE_LR * ({names[0]}{times} / {names[1]}) must be finite, got {base_lr!r} * ({size}{got} "
+                         f"/ {reference}) = {lr!r}")
     return lr
 
 
-def linear_scaled_lr(base_lr, world_size, reference_world_size=1):
-    """The linear scaling rule (Goyal et al.): ``base_lr * (world_size / reference_world_size)``.
+def linear_scaled_lr(base_lr, world_size, reference_world_size=1, *, iter_size=1):
+    """The linear scaling rule (Goyal et al.): ``base_lr * (world_size * iter_size / reference_world_size)``.
 
     The operation order of detectron2's ``auto_scale_workers`` (``BASE_LR * scale``). Example: a config for 8
-    workers at 0.02 run on 32 workers gives ``linear_scaled_lr(0.02, 32, 8) == 0.08``.
+    workers at 0.02 run on 32 workers gives ``linear_scaled_lr(0.02, 32, 8) == 0.08``, and on 16 workers that
+    accumulate 2 micro-batches per update ``linear_scaled_lr(0.02, 16, 8, iter_size=2) == 0.08`` too.
+
+    Args:
+        base_lr: the LR the config was written for (> 0).
+        world_size: the number of workers (int >= 1).
+        reference_world_size: the number of workers the config was written for (int >= 1).
+        iter_size: ITER_SIZE, micro-batches per update on each worker (int >= 1; the global batch counts them).
 
     Raises:
-        ValueError: for a base_lr <= 0, world sizes < 1 or > 2**53, or a product beyond float64 (names it).
+        ValueError: for a base_lr <= 0, world sizes < 1 or > 2**53, an iter_size < 1, or a product beyond float64
+            (names it).
         TypeError: for arguments of the wrong type.
     """
-    return _scaled_lr(base_lr, world_size, reference_world_size)
+    return _scaled_lr(base_lr, world_size, reference_world_size, iter_size=iter_size)
 
 
 def linear_scaled_lr_for_batch(base_lr, *, global_batch, reference_batch):
     """The linear scaling rule by batch size: ``base_lr * (global_batch / reference_batch)``.
 
     Goyal et al.'s ``lr = 0.1 * batch / 256``: ``linear_scaled_lr_for_batch(0.1, global_batch=8192,
-    reference_batch=256) == 3.2``. Raises as ``linear_scaled_lr`` does.
+    reference_batch=256) == 3.2``. ``global_batch`` counts every micro-batch of one update: ``world_size *
+    ITER_SIZE * per-rank batch``. Raises as ``linear_scaled_lr`` does.
     """
     return _scaled_lr(base_lr, global_batch, reference_batch, ("global_batch", "reference_batch"))
 
 
-def gradual_warmup_factor(world_size, reference_world_size=1):
+def gradual_warmup_factor(world_size, reference_world_size=1, *, iter_size=1):
     """The WARM_UP_FACTOR of Horovod's gradual warmup (``lr / size`` -> ``lr``): ``1 / scale``.
 
     Horovod's ``LearningRateWarmupCallback`` multiplies the LR by ``1 / size * (epoch * (size - 1) / warmup +
     1)``, which is the linear warmup ``F * (1 - alpha) + alpha`` with ``F = 1 / size``. With a reference world
-    size, ``F = reference_world_size / world_size`` (a factor above 1 is rejected when a Schedule is built).
+    size, ``F = reference_world_size / world_size`` (a factor above 1 is rejected when a Schedule is built). With
+    ``iter_size`` micro-batches per update (ITER_SIZE), the size counts them: ``F = reference_world_size /
+    (world_size * iter_size)``, e.g. ``gradual_warmup_factor(2, iter_size=2) == 0.25``.
+
+    Raises:
+        ValueError: for world sizes < 1 or > 2**53, or an iter_size < 1 (names it).
+        TypeError: for arguments of the wrong type.
     """
     world_size = integer("world_size", world_size, low=1, label="world_size")
     reference_world_size = integer("reference_world_size", reference_world_size, low=1,
                                     label="reference_world_size")
-    return reference_world_size / world_size
+    iter_size = integer("iter_size", iter_size, low=1)
+    return reference_world_size / (world_size * iter_size)

@@ -5,7 +5,9 @@ and defaults, the messages' key names, and ``schedule_arguments``, which turns a
 arguments. ``from_detectron(..., dialect=NAME)`` reads a YAML of that family unchanged:
 
 - ``'detectron'`` (the default): Detectron's ``detectron/core/config.py`` keys plus hvd_sched's additions
-  (``SOLVER_KEYS``, ``EPOCH_KEYS``; their units and linear scaling are converted by ``hvd_sched.config``).
+  (``SOLVER_KEYS``, ``EPOCH_KEYS``; their units and linear scaling are converted by ``hvd_sched.config``). The
+  additions (REFERENCE_WORLD_SIZE, ITER_SIZE, the epoch keys, ...) belong to this dialect only: the others
+  reject them, naming ``dialect='detectron'``.
 - ``'large_scale_vrd'``: facebookresearch/Large-Scale-VRD (``lib/core/config_rel.py``; its training loop,
   ``tools/train_net_rel.py``, only ever calls ``add_variable_stepsize_lr(curr_iter + 1)``): NUM_ITERATIONS,
   STEP_SIZES stages, an absolute WARM_UP_LR while ``i <= WARM_UP_ITERS``, an optional GRADUAL_INCREASE_LR ramp,
@@ -48,7 +50,8 @@ def _detectron_defaults():
     }
 
 
-#: Every Detectron SOLVER key in iterations, upper case, with its default (Detectron's, then hvd_sched's additions);
+#: Every Detectron SOLVER key in iterations, upper case, with its default (Detectron's, then hvd_sched's additions,
+#: among them ITER_SIZE 1, Caffe's ``iter_size``: micro-batches per iteration, and REFERENCE_WORLD_SIZE 0);
 #: ``hvd_sched.SOLVER_KEYS``. ``Schedule``'s signature is the one source of the defaults.
 SOLVER_KEYS = {**_detectron_defaults(), "REFERENCE_WORLD_SIZE": 0}
 

@@ -3,7 +3,8 @@
 A schedule joins a decay policy (``hvd_sched.policies``), a warmup and a momentum-correction rule
 (``hvd_sched.momentum``); everything is a function of the iteration number, so resuming is free and a million
 iterations evaluate at once. The arguments are Detectron's ``SOLVER`` keys in lower case; ``hvd_sched.from_detectron``
-builds one from the upper-case keys or a YAML file.
+builds one from the upper-case keys or a YAML file. An iteration is one optimizer update (Detectron's ITER; with
+``iter_size`` > 1, Caffe's iteration of ITER_SIZE micro-batches), whatever a framework's own counter counts.
 
 Example::
 
@@ -85,6 +86,12 @@ class Schedule:
         lr_factor: LR_FACTOR > 0 (the seed's), carried for the optimizer glue; ``lr_at`` does not apply it.
         step_sizes: STEP_SIZES, positive ints: the stage lengths of ``variable_stepsize`` (required there).
         power: POWER > 0, the exponent of ``poly``.
+        iter_size: ITER_SIZE (hvd_sched; Caffe's ``iter_size``), int >= 1: micro-batches per iteration. Each
+            iteration, one optimizer update (Detectron's ITER), averages the gradients of ITER_SIZE micro-batches
+            on every rank (Horovod's ``backward_passes_per_step`` with ``average_aggregated_gradients=True``,
+            Keras 3's ``gradient_accumulation_steps``), so the global batch is ``world_size * ITER_SIZE *
+            per-rank batch``. Carried for the optimizer glue, like MOMENTUM: every iteration-valued argument
+            (MAX_ITER, STEPS, WARM_UP_ITERS, ...) counts updates, and ``lr_at`` does not depend on it.
 
     Raises:
         ValueError: for an invalid value; the message names the key and the value. Also for values valid one by
@@ -106,7 +113,7 @@ class Schedule:
                  log_lr_change_threshold=1.1, momentum=0.9, weight_decay=0.0005, lr_factor=1.0,
                  step_sizes=(), power=1.0, weight_decay_gn=0.0, dialect="detectron", warm_up_lr=0.1,
                  gradual_increase_lr=False, gradual_lr_step=0.005, gradual_lr_start=0.1, nesterov=False,
-                 weight_decay_bn=0.0):
+                 weight_decay_bn=0.0, iter_size=1):
         self._base_lr = number("base_lr", base_lr, low=0, low_open=True)
         self._lr_policy = choice("lr_policy", lr_policy, policies.POLICIES)
         self._gamma = number("gamma", gamma, low=0, low_open=True)
@@ -139,6 +146,7 @@ class Schedule:
         self._gradual_lr_start = number("gradual_lr_start", gradual_lr_start, low=0, low_open=True)
         self._nesterov = bool(nesterov)
         self._weight_decay_bn = number("weight_decay_bn", weight_decay_bn, low=0)
+        self._iter_size = integer("iter_size", iter_size, low=1)
         self._check_dialect()
         self._check_policy_keys()
 
@@ -384,7 +392,7 @@ class Schedule:
             "step_sizes": list(self._step_sizes), "power": self._power, "weight_decay_gn": self._weight_decay_gn,
             "dialect": self._dialect, "warm_up_lr": self._warm_up_lr, "gradual_increase_lr": self._gradual_increase_lr,
             "gradual_lr_step": self._gradual_lr_step, "gradual_lr_start": self._gradual_lr_start,
-            "nesterov": self._nesterov, "weight_decay_bn": self._weight_decay_bn,
+            "nesterov": self._nesterov, "weight_decay_bn": self._weight_decay_bn, "iter_size": self._iter_size,
         }
 
     @classmethod

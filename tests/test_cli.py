@@ -107,6 +107,80 @@ def test_show_scales_by_world_size_and_needs_steps_per_epoch_for_epoch_keys():
     assert "BASE_LR 0.2," in result.stdout and "world size 4 / REFERENCE_WORLD_SIZE 1" in result.stdout
 
 
+ACCUMULATING = """\
+SOLVER:
+  BASE_LR: 0.02
+  LR_POLICY: steps_with_decay
+  STEPS: [0, 600, 800]
+  MAX_ITER: 900
+  WARM_UP_ITERS: 100
+  ITER_SIZE: 2
+  REFERENCE_WORLD_SIZE: 8
+"""
+ACCUMULATION_LINE = ("  accumulation: ITER_SIZE 2 micro-batches per iteration (global batch = ranks x 2 x per-rank "
+                     "batch; iterations count updates)")
+
+
+def test_show_and_check_say_iter_size_and_scale_by_ranks_times_iter_size(tmp_path):
+    config = tmp_path / "accumulating.yaml"
+    config.write_text(ACCUMULATING)
+    # As written: REFERENCE_WORLD_SIZE 8 counts ranks x ITER_SIZE, so 4 ranks run it unscaled.
+    result = run_cli("show", config)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0] == (f"{config}: steps_with_decay, BASE_LR 0.02, MAX_ITER 900, linear warmup "
+                                             "100 its from 0.33333334 x BASE_LR")
+    assert result.stdout.splitlines()[2:5] == [
+        ACCUMULATION_LINE, "  note: world size 4 (REFERENCE_WORLD_SIZE 8 / ITER_SIZE 2; pass --world-size N to scale)",
+        ""]
+    # 8 ranks x ITER_SIZE 2 = 16: scale 2, the schedule of 16 ranks without accumulation.
+    result = run_cli("show", config, "--world-size", 8)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == (f"{config}: steps_with_decay, BASE_LR 0.04, MAX_ITER 450, linear warmup 50 its from "
+                        "0.33333334 x BASE_LR")
+    assert lines[2:5] == [ACCUMULATION_LINE,
+                          "  note: LR scaled linearly by world size 8 x ITER_SIZE 2 / REFERENCE_WORLD_SIZE 8", ""]
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(ACCUMULATING.replace("  ITER_SIZE: 2\n", ""))
+    sixteen = run_cli("show", plain, "--world-size", 16)
+    assert "accumulation" not in sixteen.stdout
+    assert section(result.stdout, "phases") == section(sixteen.stdout, "phases") == [
+        ["warmup (linear)", "0", "50", "0.013333334", "0.039466668"], ["step 0", "50", "300", "0.04", "0.04"],
+        ["step 1", "300", "400", "0.004", "0.004"], ["step 2", "400", "450", "0.0004", "0.0004"],
+        ["end", "450", "-", "0.0004", "-"]]
+    assert section(result.stdout, "momentum corrections") == section(sixteen.stdout, "momentum corrections")
+    result = run_cli("check", config, "--world-size", 2)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        f"OK {config}: steps_with_decay, BASE_LR 0.01, linear warmup 200 its, steps at [1200, 1600], MAX_ITER 1800, "
+        "ITER_SIZE 2 micro-batches per iteration, 2 momentum corrections (LR scaled linearly by world size 2 x "
+        "ITER_SIZE 2 / REFERENCE_WORLD_SIZE 8)"]
+
+
+def test_show_notes_the_scaling_when_no_rank_count_runs_the_config_as_written(tmp_path):
+    config = tmp_path / "odd.yaml"
+    config.write_text(ACCUMULATING.replace("REFERENCE_WORLD_SIZE: 8", "REFERENCE_WORLD_SIZE: 1"))
+    result = run_cli("show", config)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[2:6] == [
+        ACCUMULATION_LINE, "  note: world size 1 (REFERENCE_WORLD_SIZE; pass --world-size N to scale)",
+        "  note: LR scaled linearly by world size 1 x ITER_SIZE 2 / REFERENCE_WORLD_SIZE 1", ""]
+    assert "BASE_LR 0.04, MAX_ITER 450," in result.stdout
+
+
+def test_check_lists_a_bad_iter_size_with_the_other_problems(tmp_path):
+    config = tmp_path / "bad.yaml"
+    config.write_text("SOLVER:\n  BASE_LR: -1\n  ITER_SIZE: 0\n")
+    result = run_cli("check", config)
+    assert result.returncode == 2 and result.stdout == "" and "Traceback" not in result.stderr
+    assert result.stderr.splitlines() == [f"hvd-sched check: {config}: 2 problems:",
+                                          "  - ITER_SIZE must be >= 1, got 0", "  - BASE_LR must be > 0, got -1"]
+    config.write_text("SOLVER:\n  ITER_SIZE: 1.5\n")
+    result = run_cli("show", config)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [f"hvd-sched show: error: {config}: ITER_SIZE must be an int, got 1.5 (float)"]
+
+
 @pytest.mark.parametrize("config, args, kwargs", CASES, ids=IDS)
 def test_plot_writes_a_png_of_the_requested_size_marking_the_schedule_corrections(tmp_path, config, args, kwargs):
     out = tmp_path / "lr.png"

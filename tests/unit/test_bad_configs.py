@@ -74,7 +74,8 @@ NUMBER_KEYS = {"BASE_LR": "> 0", "GAMMA": "> 0", "LR_FACTOR": "> 0", "POWER": ">
                "WEIGHT_DECAY_GN": ">= 0",
                "WARM_UP_FACTOR": "(0, 1]", "MOMENTUM": "[0, 1]", "SCALE_MOMENTUM_THRESHOLD": ">= 1",
                "LOG_LR_CHANGE_THRESHOLD": ">= 1"}
-INT_KEYS = {"MAX_ITER": ">= 1", "STEP_SIZE": ">= 1", "WARM_UP_ITERS": ">= 0", "REFERENCE_WORLD_SIZE": ">= 0"}
+INT_KEYS = {"MAX_ITER": ">= 1", "STEP_SIZE": ">= 1", "WARM_UP_ITERS": ">= 0", "REFERENCE_WORLD_SIZE": ">= 0",
+            "ITER_SIZE": ">= 1"}
 CHOICE_KEYS = {
     "LR_POLICY": ["cosine", "Step", "step ", "", "steps-with-decay", "multistep", "STEPS_WITH_DECAY", "warmup"],
     "WARM_UP_METHOD": ["gradual", "Linear", "", "exponential", "none"],
@@ -254,6 +255,20 @@ def _argument_cases():
     yield _case({"WARM_UP_FACTOR": "horovod", "REFERENCE_WORLD_SIZE": 4}, ValueError,
                 "WARM_UP_FACTOR must be in (0, 1], got 2.0", "'horovod' = 4 / world_size 2",
                 id="horovod-factor-above-1", world_size=2)
+    # ITER_SIZE is read by both scaling rules, so it is checked before them, naming it and the value.
+    for value, error in ((0, ValueError), (-1, ValueError), (1.5, TypeError), (True, TypeError), ("2", TypeError)):
+        shown = f"got {value!r}" if error is ValueError else repr(value)
+        yield _case({"ITER_SIZE": value, "REFERENCE_WORLD_SIZE": 1}, error, "ITER_SIZE must be", shown,
+                    id=f"scaled-ITER_SIZE={value!r}", world_size=2)
+        yield _case({"ITER_SIZE": value, "WARM_UP_FACTOR": "horovod"}, error, "ITER_SIZE must be", shown,
+                    id=f"horovod-ITER_SIZE={value!r}", world_size=2)
+    # The global batch counts the micro-batches: ranks x ITER_SIZE, in the value and in the note.
+    yield _case({"MAX_ITER": 10, "ITER_SIZE": 4, "REFERENCE_WORLD_SIZE": 1}, ValueError,
+                "MAX_ITER must be >= 1, got 0", "world_size x ITER_SIZE / REFERENCE_WORLD_SIZE = 16 x 4 / 1",
+                id="scaled-by-ITER_SIZE-MAX_ITER-rounds-to-0", world_size=16)
+    yield _case({"WARM_UP_FACTOR": "horovod", "REFERENCE_WORLD_SIZE": 8, "ITER_SIZE": 2}, ValueError,
+                "WARM_UP_FACTOR must be in (0, 1], got 2.0", "'horovod' = 8 / (world_size 2 x ITER_SIZE 2)",
+                id="horovod-ITER_SIZE-factor-above-1", world_size=2)
 
 
 TYPOS = {
@@ -370,6 +385,8 @@ YAML_CASES = {
     "nested_solver.yaml": (ValueError, "unknown SOLVER key 'SOLVER'; valid keys"),
     "key_not_string.yaml": (TypeError, "SOLVER keys must be strings, got 1"),
     "both_units.yaml": (ValueError, "give either MAX_ITER or MAX_EPOCHS, not both", "MAX_ITER=90000, MAX_EPOCHS=12"),
+    "iter_size_zero.yaml": (ValueError, "ITER_SIZE must be >= 1, got 0"),
+    "iter_size_float.yaml": (TypeError, "ITER_SIZE must be an int, got 2.0 (float)"),
 }
 
 

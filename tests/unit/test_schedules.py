@@ -66,6 +66,8 @@ def test_defaults_are_detectrons():
         # The other dialects' arguments, at values that leave Detectron's behaviour unchanged.
         "dialect": "detectron", "warm_up_lr": 0.1, "gradual_increase_lr": False, "gradual_lr_step": 0.005,
         "gradual_lr_start": 0.1, "nesterov": False, "weight_decay_bn": 0.0,
+        # hvd_sched's micro-batches per iteration (Caffe's iter_size): 1, no accumulation.
+        "iter_size": 1,
     }
 
 
