@@ -7,7 +7,7 @@ here imports Keras.
 
 import os
 
-__all__ = ["rank", "size", "is_elastic", "xla_ops_enabled", "XLA_WITH_HOROVOD", "average_gradients"]
+__all__ = ["rank", "size", "is_elastic", "xla_ops_enabled", "XLA_WITH_HOROVOD", "average_gradients", "adasum_problem"]
 
 XLA_WITH_HOROVOD = (
     "hvd_sched: the whole train step is XLA-compiled (model.compile(..., jit_compile=True){auto}) and contains "
@@ -49,30 +49,86 @@ def xla_ops_enabled():
     return os.environ.get("HOROVOD_ENABLE_XLA_OPS", "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def average_gradients(grads, *, sparse_as_dense=False, compression=None, name="hvd_sched_grads"):
-    """`grads` averaged over the Horovod ranks: one `grouped_allreduce` per dtype, None kept where it was.
+def adasum_problem(op):
+    """Why `op` cannot run with this Horovod, or None: Horovod's Adasum on CPU tensors needs its MPI build."""
+    import horovod.tensorflow as hvd
+
+    if op is not None and op == hvd.Adasum and not hvd.mpi_built():
+        return ("op=hvd.Adasum needs a Horovod built with MPI (HOROVOD_WITH_MPI=1; Horovod's Adasum runs over "
+                "MPI), and this Horovod has none (hvd.mpi_built() is False); use op=hvd.Average")
+    return None
+
+
+def average_gradients(grads, variables=None, *, op=None, compression=None, sparse_as_dense=False,
+                      gradient_predivide_factor=1.0, postscale=1.0, groups=None, process_set=None,
+                      device_dense="", device_sparse="", name="hvd_sched_grads"):
+    """`grads` reduced over the Horovod ranks (averaged by default), None kept where it was.
+
+    Horovod's meanings, as in its Keras `DistributedOptimizer`: `op` (Average, Sum or Adasum; default Average),
+    `gradient_predivide_factor` f (with Average: scaled by 1/f before the sum and by f/size after it),
+    `compression`, `sparse_as_dense` (sparse gradients are allgathered by Horovod otherwise), `process_set`,
+    `device_dense` / `device_sparse`. The gradients go in one `grouped_allreduce` per dtype, or, with `groups`,
+    per group and dtype: an int > 0 splits them into that many groups (Horovod's `split_list`), a list of lists
+    of variables (`variables` gives the variable of each gradient) puts each list in one group and every other
+    gradient in a group of its own. `postscale` multiplies the result once more (the sum over micro-batches of
+    an accumulation that is not averaged: Keras 3 averages them first).
 
     With one rank and no elastic mode nothing is emitted (the step then has no Horovod op, and can be
-    XLA-compiled). Sparse gradients (`tf.IndexedSlices`) are allgathered by Horovod and averaged, or made dense
-    first with `sparse_as_dense`.
+    XLA-compiled); only `postscale` is applied.
     """
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
-    if hvd.size() == 1 and not is_elastic():
-        return list(grads)
     grads = list(grads)
+    process_set = hvd.global_process_set if process_set is None else process_set
+    if process_set.size() == 1 and not is_elastic():
+        return [g if g is None or postscale == 1.0 else g * tf.cast(postscale, g.dtype) for g in grads]
+    op = hvd.Average if op is None else op
     if sparse_as_dense:
         grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
-    groups = {}
-    for index, grad in enumerate(grads):
-        if grad is not None:
-            groups.setdefault(grad.dtype, []).append(index)
-    averaged = list(grads)
-    extra = {} if compression is None else {"compression": compression}
-    for number, (dtype, indices) in enumerate(sorted(groups.items(), key=lambda item: item[0].name)):
-        reduced = hvd.grouped_allreduce([grads[i] for i in indices], op=hvd.Average,
-                                        name=f"{name}_{dtype.name}_{number}", **extra)
-        for i, value in zip(indices, reduced):
-            averaged[i] = value
-    return averaged
+    # Horovod's split of an average into a prescale and a postscale (its C++ side divides by the size).
+    prescale, after = (1.0 / gradient_predivide_factor, gradient_predivide_factor) if op == hvd.Average else (1.0, 1.0)
+    reduced = list(grads)
+    for number, indices in enumerate(_groups(grads, variables, groups)):
+        dtype = grads[indices[0]].dtype
+        values = hvd.grouped_allreduce([grads[i] for i in indices], op=op, prescale_factor=prescale,
+                                       postscale_factor=after * postscale, process_set=process_set,
+                                       compression=compression or hvd.Compression.none, device_dense=device_dense,
+                                       device_sparse=device_sparse, name=f"{name}_{dtype.name}_{number}")
+        for i, value in zip(indices, values):
+            reduced[i] = value
+    return reduced
+
+
+def _groups(grads, variables, groups):
+    """Lists of positions of `grads` (not None) reduced together, each of one dtype, in a rank-independent order."""
+    present = [i for i, g in enumerate(grads) if g is not None]
+    if isinstance(groups, (list, tuple)):
+        if variables is None:
+            raise ValueError("groups given as lists of variables need the variables of the gradients")
+        position = {id(_backing(v)): i for i, v in enumerate(variables) if grads[i] is not None}
+        chosen = [[position.pop(id(_backing(v))) for v in group if id(_backing(v)) in position] for group in groups]
+        parts = [part for part in chosen if part] + [[i] for i in present if i in position.values()]
+    elif groups:
+        size, extra = divmod(len(present), int(groups))
+        parts, start = [], 0
+        for number in range(int(groups)):  # Horovod's split_list: the first `extra` groups one longer
+            end = start + size + (1 if number < extra else 0)
+            parts.append(present[start:end])
+            start = end
+        parts = [part for part in parts if part]
+    else:
+        parts = [present]
+    split = []
+    for part in parts:
+        by_dtype = {}
+        for i in part:
+            by_dtype.setdefault(grads[i].dtype.name, []).append(i)
+        split.extend(by_dtype[name] for name in sorted(by_dtype))
+    return split
+
+
+def _backing(variable):
+    """The tf.Variable behind a Keras 3 variable (its `value`), or the variable itself."""
+    value = getattr(variable, "value", None)
+    return value if value is not None and hasattr(value, "handle") else variable

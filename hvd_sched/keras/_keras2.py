@@ -150,6 +150,40 @@ def counts_skipped_steps(optimizer):
     return bool(getattr(optimizer, "_is_wrapped_by_loss_scale_optimizer", False))
 
 
+def micro_batches(optimizer):
+    """Micro-batches per update: Horovod's `backward_passes_per_step` where its Keras wrapper accumulates
+    (`_agg_helper`, set by `hvd.DistributedOptimizer(..., backward_passes_per_step=k)` for k > 1), else 1."""
+    helper = getattr(unwrap(optimizer), "_agg_helper", None)
+    return int(helper.backward_passes_per_step) if helper is not None else 1
+
+
+def sums_micro_batches(optimizer):
+    """True where Horovod's accumulation sums the micro-batches (`average_aggregated_gradients=False`)."""
+    helper = getattr(unwrap(optimizer), "_agg_helper", None)
+    return helper is not None and not helper.average_aggregated_gradients
+
+
+def micro_batch_count(optimizer):
+    """The micro-batches run so far: Keras 2's `iterations`, which Horovod's accumulation advances on every
+    micro-batch (on the ones it only accumulates too)."""
+    return int(tf.keras.backend.get_value(unwrap(optimizer).iterations))
+
+
+def update_index(optimizer):
+    """The update (Detectron's iteration) the step being traced applies, as a graph tensor: `iterations // k`.
+
+    Horovod's accumulation applies on the k-th micro-batch of each update, when `iterations` is k*u + k-1; with
+    k = 1 this is `iterations` itself (the same graph as before accumulation existed).
+    """
+    k = micro_batches(optimizer)
+    return optimizer.iterations if k == 1 else optimizer.iterations // k
+
+
+def is_loss_scaled(optimizer):
+    """True for a LossScaleOptimizer, or an optimizer one wraps (Keras 2 marks the inner one)."""
+    return isinstance(optimizer, _LOSS_SCALE) or counts_skipped_steps(unwrap(optimizer))
+
+
 def skips_iterations(optimizer):
     """False: a Keras 2 LossScaleOptimizer that skips a step still counts it (`iterations.assign_add(1)` in
     its do-not-apply branch), so the iteration of a batch is always epoch start + batch index."""

@@ -44,6 +44,8 @@ HOOKS = (
     (_SGD, "momentums"), (_LOSS_SCALE, "inner_optimizer"), (_LOSS_SCALE, "loss_scale_factor"),
     (keras.Model, "_flatten_layers"), (keras.Model, "steps_per_execution"), (keras.Variable, "value"),
     (keras.Variable, "path"), (control_flow_util, "GraphOrParentsInXlaContext"),
+    (_OPTIMIZER, "gradient_accumulation_steps"), (_OPTIMIZER, "_clip_gradients"),
+    (_OPTIMIZER, "_backend_apply_gradients"),
 )
 
 
@@ -135,6 +137,35 @@ def counts_skipped_steps(optimizer):
     return False
 
 
+def micro_batches(optimizer):
+    """Micro-batches per update: the optimizer's `gradient_accumulation_steps` (Keras 3's accumulation), else 1."""
+    return int(getattr(unwrap(optimizer), "gradient_accumulation_steps", None) or 1)
+
+
+def sums_micro_batches(optimizer):
+    """True where hvd_sched's distributed optimizer turns Keras' average of the micro-batches into their sum
+    (`average_aggregated_gradients=False`, Horovod's default)."""
+    options = getattr(optimizer, "_hvd_sched_allreduce_options", None) or {}
+    return options.get("postscale", 1.0) != 1.0
+
+
+def micro_batch_count(optimizer):
+    """The micro-batches run so far: `_iterations` (Keras 3's `iterations` is it // gradient_accumulation_steps)."""
+    return int(ops.convert_to_numpy(unwrap(optimizer)._iterations))
+
+
+def update_index(optimizer):
+    """The update (Detectron's iteration) the step being traced belongs to, as a graph tensor: Keras 3's own
+    `iterations`, which counts updates (`_iterations // gradient_accumulation_steps`)."""
+    return optimizer.iterations
+
+
+def is_loss_scaled(optimizer):
+    """True for a LossScaleOptimizer, or an hvd_sched optimizer one wraps (seen when it took its
+    `loss_scale_factor`)."""
+    return isinstance(optimizer, _LOSS_SCALE) or bool(getattr(unwrap(optimizer), "_hvd_sched_in_loss_scale", False))
+
+
 def skips_iterations(optimizer):
     """True for a LossScaleOptimizer: the steps it skips do not count, so batch index and iteration part."""
     return isinstance(optimizer, _LOSS_SCALE)
@@ -201,11 +232,19 @@ def distribution_problem(optimizer):
 
 
 class _DistributedMixin:
-    """`apply` averages the gradients over the ranks first (one `grouped_allreduce` per dtype)."""
+    """The gradients averaged over the ranks before every update, with Horovod's TensorFlow collectives.
+
+    Without accumulation `apply` averages them first. With `gradient_accumulation_steps` k, each micro-batch's
+    gradients are only added to Keras' accumulators, and the average of the k micro-batches is reduced once per
+    update, where Keras hands it to `_clip_gradients` inside its update branch: no collective on the other
+    micro-batches (Horovod's `backward_passes_per_step`), and clipping sees the reduced gradients, as without
+    accumulation.
+    """
 
     _hvd_sched_allreduce_options = {}
     _hvd_sched_ready = False
     _hvd_sched_inside_loss_scale = False
+    _hvd_sched_step_variables = None
 
     def __setattr__(self, name, value):
         # Keras' LossScaleOptimizer sets its inner optimizer's loss_scale_factor to None when it wraps it: the one
@@ -221,8 +260,22 @@ class _DistributedMixin:
                 and not _horovod.xla_ops_enabled():
             raise ValueError(_horovod.XLA_WITH_HOROVOD.format(
                 auto="; Keras 3's default jit_compile='auto' turns it on wherever a GPU is visible"))
-        grads = _horovod.average_gradients(grads, **self._hvd_sched_allreduce_options)
+        if not getattr(self, "gradient_accumulation_steps", None):
+            variables = self._trainable_variables if trainable_variables is None else trainable_variables
+            grads = _horovod.average_gradients(grads, list(variables), **self._hvd_sched_allreduce_options)
         return super().apply(grads, trainable_variables)
+
+    def _backend_apply_gradients(self, grads, trainable_variables):
+        # The variables of this step's gradients, for `groups` given as lists of variables (Python objects, the
+        # same in every trace; no tensor kept).
+        self._hvd_sched_step_variables = list(trainable_variables)
+        return super()._backend_apply_gradients(grads, trainable_variables)
+
+    def _clip_gradients(self, grads):
+        if getattr(self, "gradient_accumulation_steps", None):
+            grads = _horovod.average_gradients(grads, self._hvd_sched_step_variables,
+                                               **self._hvd_sched_allreduce_options)
+        return super()._clip_gradients(grads)
 
 
 _DISTRIBUTED_CLASSES = {}
@@ -236,20 +289,44 @@ def _distributed_class(base):
     return _DISTRIBUTED_CLASSES[base]
 
 
-def distributed_optimizer(optimizer, *, sparse_as_dense=False, compression=None):
-    """A new optimizer like `optimizer` whose `apply` first averages the gradients over the Horovod ranks."""
+#: Horovod's Keras `DistributedOptimizer` arguments that change nothing here only at these values.
+_ONLY_DEFAULT = {"scale_local_gradients": True}
+
+
+def distributed_optimizer(optimizer, *, backward_passes_per_step=1, average_aggregated_gradients=False,
+                          name=None, scale_local_gradients=True, **reduce_options):
+    """A new optimizer like `optimizer` whose gradients are reduced over the Horovod ranks before every update.
+
+    `backward_passes_per_step` k > 1 becomes Keras 3's `gradient_accumulation_steps` (which averages the k
+    micro-batches); `average_aggregated_gradients=False` (Horovod's default) multiplies the reduced average by
+    k, Horovod's sum. `reduce_options`: `_horovod.average_gradients`'s keywords (op, compression, ...).
+    """
     if is_horovod_keras_wrapped(optimizer):
         raise ValueError(_HOROVOD_KERAS)
+    if scale_local_gradients is not True:
+        raise ValueError(f"scale_local_gradients={scale_local_gradients!r}: hvd_sched's Keras 3 "
+                         "DistributedOptimizer has no worker-local variables (Horovod's register_local_var) to "
+                         "scale; leave scale_local_gradients at its default")
     if not isinstance(optimizer, _LOSS_SCALE) and keras.mixed_precision.global_policy().name == "mixed_float16":
         optimizer = _LOSS_SCALE(optimizer)  # what model.compile would do, but inside the averaging
+    k = int(backward_passes_per_step)
     cls = _distributed_class(type(optimizer))
     if isinstance(optimizer, _LOSS_SCALE):
+        if k > 1:
+            raise ValueError(f"backward_passes_per_step={k} with a LossScaleOptimizer (mixed_float16): a "
+                             "non-finite micro-batch would drop out of the average; accumulate under the "
+                             "mixed_bfloat16 or float32 policy, or use backward_passes_per_step=1")
         config = optimizer.get_config()
         distributed = cls(optimizer.inner_optimizer, initial_scale=config["initial_scale"],
                           dynamic_growth_steps=config["dynamic_growth_steps"])
     else:
-        distributed = cls.from_config(optimizer.get_config())
-    distributed._hvd_sched_allreduce_options = {"sparse_as_dense": sparse_as_dense, "compression": compression}
+        config = optimizer.get_config()
+        if k > 1:
+            config["gradient_accumulation_steps"] = k
+        distributed = cls.from_config(config)
+    postscale = float(k) if k > 1 and not average_aggregated_gradients else 1.0
+    distributed._hvd_sched_allreduce_options = dict(reduce_options, postscale=postscale,
+                                                    name=name or "hvd_sched_grads")
     distributed._hvd_sched_ready = True
     return distributed
 
@@ -287,6 +364,12 @@ _refuse_horovod_keras_wrapper()
 
 class _Keras3Mixin:
     """Keras 3 optimizers: the multiplier scales the `learning_rate` argument, the factor is the step's variable."""
+
+    def __setattr__(self, name, value):
+        # As in _DistributedMixin: a LossScaleOptimizer taking this optimizer sets its loss_scale_factor to None.
+        if name == "loss_scale_factor" and getattr(self, "_hvd_sched", None) is not None:
+            object.__setattr__(self, "_hvd_sched_in_loss_scale", True)
+        super().__setattr__(name, value)
 
     @property
     def learning_rate(self):

@@ -9,4 +9,5 @@ NAMES = ("KERAS_MAJOR", "keras", "HOOKS", "OPTIMIZER_TYPES", "LearningRateSchedu
          "steps_per_execution", "get_value", "register", "is_horovod_keras_wrapped", "scheduled_mixin",
          "distributed_optimizer", "distribution_problem", "backing_variables", "folds_factor", "is_variable",
          "scale_variable", "counts_skipped_steps", "BUILTIN_OPTIMIZERS", "is_distributed", "layers_of",
-         "names_regex")
+         "names_regex", "micro_batches", "micro_batch_count", "update_index", "is_loss_scaled",
+         "sums_micro_batches")

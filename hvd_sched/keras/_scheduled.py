@@ -19,11 +19,47 @@ from . import _backend, _horovod, _slots
 from ._tables import as_schedule, correction_table, graph_factor, graph_factor_since
 from .lr_schedule import ScheduleLR
 
-__all__ = ["ScheduledBase", "check_rules", "BOTH_DECAYS"]
+__all__ = ["ScheduledBase", "check_rules", "BOTH_DECAYS", "accumulation_problem"]
 
 BOTH_DECAYS = ("weight_decays= (coupled L2: grad += decay * w before the update, Detectron/Caffe2) and the "
                "optimizer's own weight_decay={wd!r} ({cls}: decoupled, w -= lr * wd * w after it) would both decay "
                "the weights; build the optimizer without weight_decay= (e.g. tf.keras.optimizers.SGD(momentum=0.9))")
+
+_LOSS_SCALE_ACCUMULATION = (
+    "hvd_sched: gradient accumulation ({k} micro-batches per update) with a LossScaleOptimizer (mixed_float16) "
+    "cannot be made exact: the dynamic loss scale checks and changes per micro-batch, so a non-finite micro-batch "
+    "drops out of the average (Keras 3) or the micro-batches of one update mix two loss scales (Keras 2); train "
+    "with accumulation under the mixed_bfloat16 or float32 policy (no loss scaling), or under mixed_float16 with "
+    "ITER_SIZE / backward_passes_per_step / gradient_accumulation_steps 1")
+
+
+def accumulation_problem(optimizer, iter_size=1):
+    """Why `optimizer` (as compiled: distributed, loss-scaled or not) would not make one update of `iter_size`
+    averaged micro-batches, or None.
+
+    Args:
+        optimizer: the optimizer; its accumulation is Horovod's `backward_passes_per_step` (Keras 2) or Keras 3's
+            `gradient_accumulation_steps`.
+        iter_size: the schedule's ITER_SIZE (1: the schedule asks for no particular accumulation).
+    """
+    k = _backend.micro_batches(optimizer)
+    if iter_size > 1 and k != iter_size:
+        fix = ("wrap it with hvd_sched.keras.DistributedOptimizer(optimizer), which accumulates ITER_SIZE "
+               "micro-batches (Horovod's backward_passes_per_step=ITER_SIZE, average_aggregated_gradients=True)"
+               if _backend.KERAS_MAJOR == 2 else
+               "build the optimizer with gradient_accumulation_steps=ITER_SIZE or without it (ScheduledOptimizer "
+               "and hvd_sched.keras.DistributedOptimizer then set it)")
+        return (f"hvd_sched: the schedule's ITER_SIZE is {iter_size} micro-batches per iteration, but the optimizer "
+                f"accumulates {k}; {fix}")
+    if iter_size > 1 and _backend.sums_micro_batches(optimizer):
+        return (f"hvd_sched: the schedule's ITER_SIZE {iter_size} averages its micro-batches (Caffe's iter_size), "
+                "but the optimizer sums them (Horovod's average_aggregated_gradients=False); pass "
+                "average_aggregated_gradients=True, or leave backward_passes_per_step to "
+                "hvd_sched.keras.DistributedOptimizer")
+    if k > 1 and _backend.is_loss_scaled(optimizer):
+        return _LOSS_SCALE_ACCUMULATION.format(k=k)
+    return None
+
 
 class Options:
     """The wrapper's settings and step state, kept out of TensorFlow's attribute tracking (which wraps dicts and
@@ -102,6 +138,15 @@ class ScheduledBase:
                  weight_decays=None, log_corrections=True, **kwargs):
         kwargs.pop("learning_rate", None)
         kwargs.pop("lr", None)
+        iter_size = as_schedule(schedule).iter_size
+        if _backend.KERAS_MAJOR == 3 and iter_size > 1:
+            # Keras 3 accumulates in the optimizer itself: ITER_SIZE micro-batches per update.
+            given = kwargs.get("gradient_accumulation_steps")
+            if given and given != iter_size:
+                raise ValueError(f"gradient_accumulation_steps={given!r} differs from the schedule's ITER_SIZE "
+                                 f"{iter_size} (micro-batches per iteration); build the optimizer without "
+                                 "gradient_accumulation_steps, or with the same value")
+            kwargs["gradient_accumulation_steps"] = iter_size
         if _validation.name_rules("weight_decays", weight_decays, "decay") and kwargs.get("weight_decay"):
             raise ValueError(BOTH_DECAYS.format(cls=type(self).__name__, wd=kwargs["weight_decay"]))
         schedule_lr = ScheduleLR(as_schedule(schedule))
@@ -114,6 +159,9 @@ class ScheduledBase:
         self._hvd_sched_last_step = last_step
         self._hvd_sched = Options(self, schedule_lr, momentum_correction, correction_threshold, lr_multipliers,
                                   weight_decays, log_corrections)
+        # Keras 3's gradient_accumulation_steps is known now; Horovod's Keras 2 wrapper sets its accumulation
+        # after this __init__, so the first step reads it again (`_hvd_sched_before_step`).
+        schedule_lr.micro_batches = _backend.micro_batches(self)
 
     @property
     def schedule(self):
@@ -220,6 +268,12 @@ class ScheduledBase:
         if _backend.KERAS_MAJOR == 2 and _backend.is_horovod_keras_wrapped(self) \
                 and _backend.in_xla_compilation() and not _horovod.xla_ops_enabled():
             raise ValueError(_horovod.XLA_WITH_HOROVOD.format(auto=""))
+        problem = accumulation_problem(self, options.schedule.iter_size)
+        if problem:
+            raise ValueError(problem)
+        # The LR of an update, not of a micro-batch: Keras 3 and Horovod's Keras 2 accumulation both count
+        # micro-batches in the step they pass to the schedule (a Python int, the same in every trace).
+        options.schedule_lr.micro_batches = _backend.micro_batches(self)
         if (options.multipliers or options.decays) and not options.rules_checked:
             check_rules(options, [_name(v) for v in trained])  # a typo would silently train at the base rules
             options.rules_checked = True
@@ -245,7 +299,7 @@ class ScheduledBase:
         """This step's slot factor from the rule on this and the previous iteration's LR (1.0 on most steps)."""
         options = self._hvd_sched
         with tf.name_scope("hvd_sched_momentum_correction"):
-            step = self.iterations
+            step = _backend.update_index(self)  # the update, also under gradient accumulation
             if _backend.counts_skipped_steps(self):
                 # Mixed precision on Keras 2: skipped steps still advance `iterations`; take their corrections now.
                 factor = graph_factor_since(options.schedule, self._hvd_sched_last_step, step, options.mode,

@@ -1,36 +1,70 @@
-"""The global iteration of each batch, for the callbacks, without reading the device every batch."""
+"""The global iteration of each batch, for the callbacks, without reading the device every batch.
+
+An iteration is one optimizer update (Detectron's ITER). With gradient accumulation a batch is a micro-batch:
+Horovod's `backward_passes_per_step` (Keras 2) and Keras 3's `gradient_accumulation_steps` both count
+micro-batches (Keras 2's `iterations`, Keras 3's `_iterations`), k of them per update, so the iteration of
+micro-batch m is m // k.
+"""
 
 from . import _backend
 
-__all__ = ["IterationTracker"]
+__all__ = ["IterationTracker", "update_count", "epoch_problem"]
+
+
+def update_count(optimizer):
+    """The updates `optimizer` (as compiled) has made: its micro-batch count // micro-batches per update."""
+    return _backend.micro_batch_count(optimizer) // _backend.micro_batches(optimizer)
+
+
+def epoch_problem(model, steps):
+    """Why epochs of `steps` batches cannot be trained exactly with the model's accumulation, or None.
+
+    An epoch must end on an update: Horovod's accumulators (Keras 2) are not in a checkpoint, and an
+    epoch-end checkpoint, resume or LR log would otherwise fall inside an update.
+    """
+    k = _backend.micro_batches(model.optimizer)
+    if k > 1 and steps is not None and int(steps) % k:
+        return (f"hvd_sched: an epoch of {steps} batches does not end on an update of {k} micro-batches "
+                f"(gradient accumulation: ITER_SIZE / backward_passes_per_step / gradient_accumulation_steps); "
+                f"make the batches per epoch a multiple of {k} (steps_per_epoch={int(steps) // k * k}, or drop "
+                "the remainder of the data set)")
+    return None
 
 
 class IterationTracker(_backend.keras.callbacks.Callback):
-    """Knows the global iteration of each batch: the optimizer's `iterations` at the epoch's start + batch index.
+    """Knows the global iteration of each batch: (micro-batches run before the epoch + batch index) // k.
 
     Where a skipped step does not count (Keras 3's LossScaleOptimizer skips steps with non-finite gradients
-    without advancing `iterations`), the batch index runs ahead of the schedule, and the iteration is read from
-    the optimizer instead: at batch begin the one the step will run at, at batch end the last applied one.
+    without advancing `iterations`; never with accumulation, which hvd_sched refuses there), the batch index runs
+    ahead of the schedule, and the iteration is read from the optimizer instead: at batch begin the one the step
+    will run at, at batch end the last applied one.
     """
 
     def __init__(self):
         super().__init__()
-        self._epoch_start = 0
+        self._epoch_start = 0  # micro-batches run before this epoch (updates where k = 1)
+        self._micro_batches = 1
 
     def _read_iterations(self):
-        return int(_backend.get_value(self.model.optimizer.iterations))
+        """The updates made so far."""
+        return update_count(self.model.optimizer)
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._epoch_start = self._read_iterations()
+        self._micro_batches = _backend.micro_batches(self.model.optimizer)
+        self._epoch_start = _backend.micro_batch_count(self.model.optimizer)
+
+    def _first_iteration(self):
+        """The first update that starts in this epoch."""
+        return -(-self._epoch_start // self._micro_batches)
 
     def _iteration(self, batch):
         """The iteration of the step `batch` ran (at batch end: the last applied one)."""
         if _backend.skips_iterations(self.model.optimizer):
             return max(self._read_iterations() - 1, 0)
-        return self._epoch_start + int(batch)
+        return (self._epoch_start + int(batch)) // self._micro_batches
 
     def _iteration_begin(self, batch):
         """The iteration the step of `batch` is about to run."""
         if _backend.skips_iterations(self.model.optimizer):
             return self._read_iterations()
-        return self._epoch_start + int(batch)
+        return (self._epoch_start + int(batch)) // self._micro_batches

@@ -9,7 +9,8 @@ import sys
 from ..momentum import correction_factor
 from . import _backend, _horovod, _slots
 from ._tables import as_schedule
-from ._tracking import IterationTracker
+from ._scheduled import accumulation_problem
+from ._tracking import IterationTracker, epoch_problem
 from .distributed import distributed_callbacks
 from .guards import RankConsistencyCheck, StopOnNonFinite
 from .optimizer import is_scheduled, scheduled_of
@@ -74,6 +75,11 @@ class ScheduleCallback(IterationTracker):
         if _backend.steps_per_execution(self.model) != 1:
             raise ValueError("ScheduleCallback sets the LR once per batch and needs model.compile("
                              "steps_per_execution=1); use ScheduledOptimizer, which schedules in-graph")
+        if _backend.micro_batches(optimizer) > 1 or self.schedule.iter_size > 1:
+            raise ValueError(f"ScheduleCallback sets the LR and rescales the slots between batches, which under "
+                             f"gradient accumulation ({max(_backend.micro_batches(optimizer), self.schedule.iter_size)}"
+                             " micro-batches per update) fall inside an update; use "
+                             "hvd_sched.keras.ScheduledOptimizer, which schedules by update in-graph")
         mode = _slots.resolve_correction_mode(optimizer, self.schedule, self.momentum_correction)
         threshold = (self.schedule.scale_momentum_threshold if self.correction_threshold is None
                      else float(self.correction_threshold))
@@ -135,6 +141,9 @@ class LearningRateLogger(IterationTracker):
 
     def on_train_begin(self, logs=None):
         scheduled = scheduled_of(self.model.optimizer)
+        problem = epoch_problem(self.model, (self.params or {}).get("steps"))
+        if problem:
+            raise ValueError(problem)
         if self.schedule is None:
             if scheduled is None:
                 raise ValueError("LearningRateLogger() without a schedule needs a model compiled with a "
@@ -160,7 +169,7 @@ class LearningRateLogger(IterationTracker):
 
     def on_epoch_begin(self, epoch, logs=None):
         super().on_epoch_begin(epoch, logs)
-        self._next = self._epoch_start  # the first iteration whose correction is not announced yet
+        self._next = self._first_iteration()  # the first iteration whose correction is not announced yet
         self._last = None
 
     def _ran_until(self, last):

@@ -15,7 +15,10 @@ Wrap the scheduled optimizer, not the other way round:
 `DistributedOptimizer(ScheduledOptimizer(SGD(momentum=0.9), schedule))`.
 """
 
+from .. import _validation
 from . import _backend, _horovod
+from ._scheduled import ScheduledBase, accumulation_problem
+from ._tracking import epoch_problem
 
 __all__ = ["DistributedOptimizer", "distributed_callbacks", "DistributedCheck", "BroadcastVariables",
            "AverageMetrics"]
@@ -24,35 +27,67 @@ _NOT_AVERAGED = ("hvd_sched: the model's optimizer {name} does not average gradi
                  "so they would train apart; compile with hvd_sched.keras.DistributedOptimizer(optimizer)")
 
 
-def DistributedOptimizer(optimizer, *, compression=None, sparse_as_dense=False):
-    """`optimizer`, averaging its gradients over the Horovod ranks before every update.
+def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=None,
+                         sparse_as_dense=False, gradient_predivide_factor=1.0, op=None,
+                         backward_passes_per_step=None, average_aggregated_gradients=None, num_groups=0,
+                         groups=None, process_set=None, scale_local_gradients=True):
+    """`optimizer`, its gradients reduced (averaged) over the Horovod ranks before every update.
+
+    Horovod's `horovod.tensorflow.keras.DistributedOptimizer` arguments, with Horovod's meanings and defaults,
+    on Keras 2 and Keras 3, except where said.
 
     Example:
         >>> import hvd_sched.keras, horovod.tensorflow as hvd
         >>> hvd.init()
+        >>> schedule = hvd_sched.from_detectron("solver.yaml", world_size=hvd.size())   # ITER_SIZE: 2
         >>> opt = hvd_sched.keras.DistributedOptimizer(
         ...     hvd_sched.keras.ScheduledOptimizer(tf.keras.optimizers.SGD(momentum=0.9), schedule))
-        >>> model.compile(opt, "sparse_categorical_crossentropy")
+        >>> model.compile(opt, "sparse_categorical_crossentropy")   # 2 micro-batches per update
         >>> model.fit(x, y, callbacks=hvd_sched.keras.horovod_callbacks())
 
-    On Keras 2 this is `horovod.tensorflow.keras.DistributedOptimizer(optimizer, ...)`. On Keras 3 it returns an
-    instance of a subclass of `type(optimizer)` (rebuilt from `optimizer.get_config()`, as Horovod does) whose
-    `apply` averages the gradients first; a `LossScaleOptimizer` (mixed precision) is wrapped as a whole, so the
-    finite-gradient check sees the averaged gradients and every rank skips or applies the same steps. Under the
-    `mixed_float16` policy a plain optimizer is put inside a `LossScaleOptimizer` here, which `model.compile`
-    then keeps, for the same reason.
+    On Keras 2 this is Horovod's own wrapper, given every argument. On Keras 3 (where Horovod's Keras layer does
+    not average: horovod #4290) it returns an instance of a subclass of `type(optimizer)` (rebuilt from
+    `optimizer.get_config()`, as Horovod does) that reduces with `horovod.tensorflow.grouped_allreduce`; a
+    `LossScaleOptimizer` (mixed precision) is wrapped as a whole, so the finite-gradient check sees the averaged
+    gradients and every rank skips or applies the same steps; under the `mixed_float16` policy a plain optimizer
+    is put inside a `LossScaleOptimizer` here, which `model.compile` then keeps, for the same reason.
+
+    Gradient accumulation (large batches on few ranks): with `backward_passes_per_step` k each update uses k
+    micro-batches per rank, reduced over the ranks once per update (no collective on the other micro-batches).
+    An iteration is one update everywhere in hvd_sched: the schedule, its momentum corrections, the logged LR,
+    checkpoints and `optimizer.iterations`-based resume count updates, whatever the framework's counter counts.
+    Keras 2: Horovod's accumulation. Keras 3: the optimizer's own `gradient_accumulation_steps` (set to k here;
+    an optimizer that already has it accumulates that many micro-batches, averaged).
 
     Args:
         optimizer: a Keras optimizer (e.g. a `ScheduledOptimizer`), or a Keras 3 `LossScaleOptimizer`.
+        name: the name scope of the reduction ops (Horovod: "Distributed<Class>").
+        device_dense, device_sparse: Horovod's devices for dense and sparse tensors.
         compression: `horovod.tensorflow.Compression.fp16` to send float16 gradients; None sends them as they are.
-        sparse_as_dense: allreduce sparse gradients (embeddings) as dense tensors instead of allgathering them.
+        sparse_as_dense: reduce sparse gradients (embeddings) as dense tensors instead of allgathering them
+            (Horovod needs it with backward_passes_per_step > 1).
+        gradient_predivide_factor: with `op` Average, the gradients are scaled by 1/f before the sum and by
+            f/size after it.
+        op: `hvd.Average` (default), `hvd.Sum`, or `hvd.Adasum` (needs Horovod built with MPI).
+        backward_passes_per_step: micro-batches per update (int >= 1). None: the scheduled optimizer's
+            ITER_SIZE (`schedule.iter_size`), or Keras 3's `gradient_accumulation_steps` of `optimizer`, else 1.
+        average_aggregated_gradients: divide the k accumulated micro-batches by k (Caffe's `iter_size`,
+            Keras 3's accumulation) instead of summing them. None: True where the accumulation comes from
+            ITER_SIZE or from Keras 3's `gradient_accumulation_steps` (both average), else Horovod's False.
+        num_groups: Horovod's deprecated form of `groups=int`.
+        groups: an int > 0 splits the gradients into that many allreduce groups; a list of lists of variables
+            puts each list in one group.
+        process_set: reduce over this Horovod process set (default: every rank).
+        scale_local_gradients: Horovod's, for worker-local variables (Keras 2); Keras 3: only True.
 
     Returns:
         The distributed optimizer (a new instance; `optimizer` itself is not changed).
 
     Raises:
         TypeError: `optimizer` is not a Keras optimizer.
-        ValueError: it is already distributed.
+        ValueError: it is already distributed; an argument is invalid or cannot be honoured here (named), e.g.
+            `backward_passes_per_step` together with Keras 3's `gradient_accumulation_steps`, a k other than the
+            schedule's ITER_SIZE, accumulation with a LossScaleOptimizer, or Adasum without MPI.
     """
     if not _backend.is_optimizer(optimizer):
         raise TypeError(f"DistributedOptimizer wraps a Keras optimizer such as tf.keras.optimizers.SGD("
@@ -60,10 +95,79 @@ def DistributedOptimizer(optimizer, *, compression=None, sparse_as_dense=False):
     if _backend.is_distributed(optimizer):
         raise ValueError(f"this optimizer ({type(optimizer).__name__}) already averages gradients over the ranks; "
                          "wrap the plain optimizer once")
-    kwargs = {"sparse_as_dense": bool(sparse_as_dense)}
-    if compression is not None:
-        kwargs["compression"] = compression
-    return _backend.distributed_optimizer(optimizer, **kwargs)
+    import horovod.tensorflow as hvd
+
+    problem = _horovod.adasum_problem(op)
+    if problem:
+        raise ValueError(problem)
+    k, average = _accumulation(optimizer, backward_passes_per_step, average_aggregated_gradients)
+    if num_groups and groups is not None:
+        raise ValueError(f"give num_groups ({num_groups!r}) or groups, not both (num_groups is Horovod's "
+                         "deprecated form of groups=int)")
+    num_groups = _validation.integer("num_groups", num_groups, label="num_groups")
+    if groups is None and num_groups:
+        groups = num_groups
+    if isinstance(groups, bool) or (groups is not None and not isinstance(groups, (int, list))):
+        raise ValueError(f"groups must be an int >= 0 or a list of lists of variables, got {groups!r}")
+    if isinstance(groups, int):
+        groups = _validation.integer("groups", groups, label="groups") or None
+    if gradient_predivide_factor != 1.0 and (op is not None and op != hvd.Average):
+        raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor!r} splits an average; it needs "
+                         f"op=hvd.Average, got op={op!r}")
+    options = {"compression": compression, "sparse_as_dense": bool(sparse_as_dense),
+               "gradient_predivide_factor": float(gradient_predivide_factor), "op": op, "groups": groups,
+               "process_set": process_set, "device_dense": device_dense, "device_sparse": device_sparse,
+               "name": name, "scale_local_gradients": scale_local_gradients}
+    if _backend.KERAS_MAJOR == 2:
+        options = {key: value for key, value in options.items() if value is not None}
+        options.update(backward_passes_per_step=k, average_aggregated_gradients=average)
+    else:
+        options.update(backward_passes_per_step=k if _backend.micro_batches(optimizer) == 1 else 1,
+                       average_aggregated_gradients=average)
+    distributed = _backend.distributed_optimizer(optimizer, **options)
+    problem = accumulation_problem(distributed, _iter_size(optimizer))
+    if problem:
+        raise ValueError(problem)
+    return distributed
+
+
+def _iter_size(optimizer):
+    scheduled = _backend.unwrap(optimizer)
+    schedule = getattr(scheduled, "schedule", None) if isinstance(scheduled, ScheduledBase) else None
+    return schedule.iter_size if schedule is not None else 1
+
+
+def _accumulation(optimizer, backward_passes_per_step, average_aggregated_gradients):
+    """(micro-batches per update, whether they are averaged) from the arguments, the schedule's ITER_SIZE and
+    Keras 3's `gradient_accumulation_steps`; a ValueError naming the argument where they disagree."""
+    iter_size = _iter_size(optimizer)
+    own = _backend.micro_batches(optimizer)  # Keras 3's gradient_accumulation_steps (Keras 2: 1)
+    if backward_passes_per_step is not None:
+        k = _validation.integer("backward_passes_per_step", backward_passes_per_step, low=1,
+                                label="backward_passes_per_step")
+        if own > 1:
+            raise ValueError(f"backward_passes_per_step={k} and the optimizer's gradient_accumulation_steps={own} "
+                             "would both accumulate; give the accumulation once (build the optimizer without "
+                             "gradient_accumulation_steps, or leave backward_passes_per_step out)")
+        if iter_size > 1 and k != iter_size:
+            raise ValueError(f"backward_passes_per_step={k} differs from the schedule's ITER_SIZE {iter_size} "
+                             "(micro-batches per iteration); leave backward_passes_per_step out (it then follows "
+                             "ITER_SIZE) or change ITER_SIZE")
+    else:
+        k = own if own > 1 else iter_size
+    averaged_by_default = iter_size > 1 or own > 1
+    if average_aggregated_gradients is None:
+        average = averaged_by_default
+    elif not isinstance(average_aggregated_gradients, bool):
+        raise TypeError(f"average_aggregated_gradients must be a bool, got {average_aggregated_gradients!r}")
+    else:
+        average = average_aggregated_gradients
+        if averaged_by_default and not average:
+            source = (f"the schedule's ITER_SIZE {iter_size}" if iter_size > 1 else
+                      f"Keras 3's gradient_accumulation_steps={own}")
+            raise ValueError(f"average_aggregated_gradients=False would sum the micro-batches, but {source} "
+                             "averages them; leave average_aggregated_gradients out (or True)")
+    return k, average
 
 
 class DistributedCheck(_backend.keras.callbacks.Callback):
@@ -87,6 +191,10 @@ class DistributedCheck(_backend.keras.callbacks.Callback):
             raise ValueError(_horovod.XLA_WITH_HOROVOD.format(
                 auto="" if _backend.KERAS_MAJOR == 2
                 else "; Keras 3's default jit_compile='auto' turns it on wherever a GPU is visible"))
+        problem = accumulation_problem(optimizer, _iter_size(optimizer)) or \
+            epoch_problem(self.model, (self.params or {}).get("steps"))
+        if problem:
+            raise ValueError(problem)
         if size == 1:
             return
         problem = _backend.distribution_problem(optimizer)

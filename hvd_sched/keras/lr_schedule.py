@@ -2,6 +2,7 @@
 
 import tensorflow as tf
 
+from .. import _validation
 from . import _backend
 from ._tables import as_schedule, graph_lr
 
@@ -23,12 +24,20 @@ class ScheduleLR(_backend.LearningRateSchedule):
         ...                                   "STEPS": [0, 300], "MAX_ITER": 400, "WARM_UP_ITERS": 50})
         >>> opt = tf.keras.optimizers.Adam(learning_rate=ScheduleLR(sched))
 
+    With gradient accumulation Keras 3 calls a learning-rate schedule with its micro-batch count
+    (`optimizer._iterations`, not `optimizer.iterations`), so an optimizer built with
+    `gradient_accumulation_steps=k` needs `ScheduleLR(schedule, micro_batches=k)`: the LR is then that of the
+    update, `schedule.lr_at(step // k)` (Detectron's iteration counts updates). `ScheduledOptimizer` sets it
+    itself, also for Horovod's `backward_passes_per_step` on Keras 2.
+
     Args:
         schedule: an `hvd_sched.Schedule` or its `get_config()` dict.
+        micro_batches: micro-batches per update (int >= 1): the step Keras passes is divided by it.
     """
 
-    def __init__(self, schedule):
+    def __init__(self, schedule, micro_batches=1):
         self.schedule = as_schedule(schedule)
+        self.micro_batches = _validation.integer("micro_batches", micro_batches, low=1, label="micro_batches")
         # A ScheduledOptimizer sets this to its world-size scale variable (elastic Horovod); x * 1.0 == x, so
         # the LR stays exactly lr_at(step) until the world size changes.
         self.scale = None
@@ -36,11 +45,13 @@ class ScheduleLR(_backend.LearningRateSchedule):
     def __call__(self, step):
         with tf.name_scope("hvd_sched_lr"):
             step = tf.convert_to_tensor(step)  # `optimizer.iterations`: one read, not one per use
+            if self.micro_batches > 1:
+                step = step // tf.cast(self.micro_batches, step.dtype)  # the update this micro-batch belongs to
             lr = graph_lr(self.schedule, step)
             return lr if self.scale is None else lr * self.scale
 
     def get_config(self):
-        return {"schedule": self.schedule.get_config()}
+        return {"schedule": self.schedule.get_config(), "micro_batches": self.micro_batches}
 
     @classmethod
     def from_config(cls, config):
