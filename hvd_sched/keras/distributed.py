@@ -145,14 +145,14 @@ def _accumulation(optimizer, backward_passes_per_step, average_aggregated_gradie
     if backward_passes_per_step is not None:
         k = _validation.integer("backward_passes_per_step", backward_passes_per_step, low=1,
                                 label="backward_passes_per_step")
-        if own > 1:
-            raise ValueError(f"backward_passes_per_step={k} and the optimizer's gradient_accumulation_steps={own} "
-                             "would both accumulate; give the accumulation once (build the optimizer without "
-                             "gradient_accumulation_steps, or leave backward_passes_per_step out)")
         if iter_size > 1 and k != iter_size:
             raise ValueError(f"backward_passes_per_step={k} differs from the schedule's ITER_SIZE {iter_size} "
                              "(micro-batches per iteration); leave backward_passes_per_step out (it then follows "
                              "ITER_SIZE) or change ITER_SIZE")
+        if own > 1 and not k == own == iter_size:  # Keras 3's, unless ScheduledOptimizer set it from ITER_SIZE
+            raise ValueError(f"backward_passes_per_step={k} and the optimizer's gradient_accumulation_steps={own} "
+                             "would both accumulate; give the accumulation once (build the optimizer without "
+                             "gradient_accumulation_steps, or leave backward_passes_per_step out)")
     else:
         k = own if own > 1 else iter_size
     averaged_by_default = iter_size > 1 or own > 1

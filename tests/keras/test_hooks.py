@@ -130,3 +130,34 @@ def test_loss_scale_optimizer_skip_and_its_iterations():
     assert _backend.skips_iterations(wrapper) is (KERAS_MAJOR == 3)
     if KERAS_MAJOR == 3:
         assert inner.loss_scale_factor is None
+
+
+def test_the_accumulation_counters():
+    """What `micro_batches` / `micro_batch_count` read: Horovod's Keras 2 accumulation helper (`_agg_helper`, with
+    `backward_passes_per_step` and `average_aggregated_gradients`), Keras 3's `gradient_accumulation_steps` and
+    `_iterations` (its `iterations` is `_iterations // gradient_accumulation_steps`), and the schedule's step Keras 3
+    passes (`_iterations`: micro-batches)."""
+    if KERAS_MAJOR == 2:
+        import horovod.tensorflow.keras as hvd
+
+        hvd.init()
+        opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), backward_passes_per_step=3,
+                                       average_aggregated_gradients=True)
+        assert opt._agg_helper.backward_passes_per_step == 3 and opt._agg_helper.average_aggregated_gradients
+        assert _backend.micro_batches(opt) == 3 and not _backend.sums_micro_batches(opt)
+        return
+    keras = _backend.keras
+    seen = []
+
+    class Recording(keras.optimizers.schedules.LearningRateSchedule):
+        def __call__(self, step):
+            seen.append(int(np.asarray(step)))  # eager: the value now, not the variable
+            return 0.1
+
+    opt = keras.optimizers.SGD(Recording(), gradient_accumulation_steps=2)
+    variable = keras.Variable(np.zeros(2, np.float32))
+    for _ in range(4):
+        opt.apply([tf.ones(2)], [variable])
+    assert _backend.micro_batches(opt) == 2
+    assert _backend.micro_batch_count(opt) == 4 and int(opt.iterations.numpy()) == 2
+    assert seen == [1, 3]  # Keras calls the schedule with the micro-batch count, on the updates only

@@ -9,6 +9,9 @@ trained in turn from the same initial weights, results emitted by SPEC; PATH one
              average_aggregated_gradients=True): the line a Horovod user writes;
   keras3     (Keras 3) ScheduledOptimizer(SGD(gradient_accumulation_steps=K), schedule), distributed by hvd_sched;
   build      build_optimizer(SOLVER with ITER_SIZE K, WEIGHT_DECAY), distributed by hvd_sched (Detectron's rules);
+  summed     hvd_sched's DistributedOptimizer(backward_passes_per_step=K, op=hvd.Sum): Horovod's sums, over the
+             micro-batches (average_aggregated_gradients=False, its default) and over the ranks;
+  options    backward_passes_per_step=K with gradient_predivide_factor=2, groups=2, name and process_set;
 FLAG: nesterov, xla (Keras 2: the optimizer's per-variable XLA update, as on a GPU), resume (2 epochs, an
 EpochCheckpoint, then a new model and optimizer restored from it for the last 2 epochs), timeline (the variant's
 training recorded in its own Horovod timeline, SPEC.json beside the script; needs HOROVOD_TIMELINE=DYNAMIC).
@@ -59,6 +62,12 @@ def build(path, k, flags):
     elif path == "bpps":
         opt = hvd_sched.keras.DistributedOptimizer(opt, backward_passes_per_step=k,
                                                    average_aggregated_gradients=True)
+    elif path == "summed":  # Horovod's default: the k micro-batches summed, and with op=Sum the ranks too
+        opt = hvd_sched.keras.DistributedOptimizer(opt, backward_passes_per_step=k, op=hvd.Sum)
+    elif path == "options":  # Horovod's other arguments: the same average
+        opt = hvd_sched.keras.DistributedOptimizer(opt, backward_passes_per_step=k, average_aggregated_gradients=True,
+                                                   gradient_predivide_factor=2.0, groups=2, name="accumulated",
+                                                   process_set=hvd.global_process_set)
     else:
         opt = hvd_sched.keras.DistributedOptimizer(opt)
     if "xla" in flags:

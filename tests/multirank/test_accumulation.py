@@ -30,9 +30,9 @@ SOLVER = {"BASE_LR": 0.1, "LR_POLICY": "steps_with_decay", "GAMMA": 0.1, "STEPS"
 NATIVE = "horovod" if KERAS_MAJOR == 2 else "keras3"
 SINGLE = ["iter_size:1", "iter_size:2", "iter_size:4", "iter_size:1:nesterov", "iter_size:4:nesterov", "build:1",
           "build:2", f"{NATIVE}:2"] + (["iter_size:2:xla"] if KERAS_MAJOR == 2 else [])
-RANKS = ["iter_size:1", "iter_size:2", "iter_size:4", "bpps:2", f"{NATIVE}:2", f"{NATIVE}:4",
-         "iter_size:2:nesterov", "build:2", "iter_size:2:resume", "iter_size:1:timeline", "iter_size:2:timeline"] \
-    + (["iter_size:2:xla"] if KERAS_MAJOR == 2 else [])
+RANKS = ["iter_size:1", "iter_size:2", "iter_size:4", "bpps:2", "summed:2", "options:2", f"{NATIVE}:2",
+         f"{NATIVE}:4", "iter_size:2:nesterov", "build:2", "iter_size:2:resume", "iter_size:1:timeline",
+         "iter_size:2:timeline"] + (["iter_size:2:xla"] if KERAS_MAJOR == 2 else [])
 
 
 def _run(tmp_path_factory, np_, specs):
@@ -54,15 +54,18 @@ def ranks(tmp_path_factory):
     return _run(tmp_path_factory, 2, RANKS)
 
 
-def _reference(result, spec):
+def _reference(result, spec, ranks=1):
     """Detectron's Caffe2 MomentumSGD over the full 32-row batch of every iteration, from the run's initial weights."""
     x, y = make_regression(n=GLOBAL * UPDATES, seed=3)
     batches = [(x[i * GLOBAL:(i + 1) * GLOBAL], y[i * GLOBAL:(i + 1) * GLOBAL]) for i in range(UPDATES)] * EPOCHS
     build = spec.startswith("build")
     groups = [caffe2_group(name) for name in result["names"]] if build else ["weight"] * 4
+    # Sums instead of averages: over the k micro-batches, and (op=Sum) over the 2 ranks.
+    summed = _k(spec) * ranks if spec.startswith("summed") else 1
+    grad_fn = (lambda p, x, y: [summed * g for g in mlp_grads(p, x, y)]) if summed > 1 else mlp_grads
     return train_caffe2_sgd([np.array(w) for w in result["initial"]], batches,
                             [detectron_lr(it, SOLVER) for it in range(N_ITERS)], detectron_corrections(N_ITERS, SOLVER),
-                            0.9, mlp_grads, groups, nesterov="nesterov" in spec,
+                            0.9, grad_fn, groups, nesterov="nesterov" in spec,
                             weight_decay=0.01 if build else 0.0)
 
 
@@ -93,8 +96,8 @@ def test_two_ranks_are_identical_and_equal_caffe2_on_the_full_batch(ranks, singl
     r0, r1 = results[0][spec], results[1][spec]
     for w0, w1 in zip(r0["weights"], r1["weights"]):
         np.testing.assert_array_equal(np.array(w0), np.array(w1))
-    _assert_close(r0["weights"], _reference(r0, spec), spec)
-    if spec.startswith(("iter_size", "bpps", NATIVE)) and "nesterov" not in spec:
+    _assert_close(r0["weights"], _reference(r0, spec, ranks=2), spec)
+    if spec.startswith(("iter_size", "bpps", "options", NATIVE)) and "nesterov" not in spec:
         _assert_close(r0["weights"], single["iter_size:1"]["weights"], f"{spec} vs one process at k = 1")
 
 
