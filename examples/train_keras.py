@@ -50,7 +50,10 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", help="Detectron-style YAML with a SOLVER section (else the schedule flags)")
     parser.add_argument("--epochs", type=int, help="epochs to train (default: the schedule's MAX_ITER)")
-    parser.add_argument("--batch-size", type=int, default=32, help="batch size per rank (default 32)")
+    parser.add_argument("--batch-size", type=int, default=32, help="batch size per rank (default 32): with "
+                        "--iter-size K, each rank's micro-batch")
+    parser.add_argument("--iter-size", type=int, help="micro-batches per iteration (gradient accumulation: global "
+                        "batch = ranks x K x --batch-size; default: the config's ITER_SIZE, else 1)")
     parser.add_argument("--dataset", choices=DATASETS, default="digits")
     parser.add_argument("--synthetic", action="store_true", help="generated data instead of --dataset")
     parser.add_argument("--out", default="runs/train", help="checkpoints (OUT/ckpt) and TensorBoard (OUT/tb)")
@@ -178,13 +181,23 @@ def build_model(input_shape, num_classes):
     return tf.keras.Sequential([tf.keras.Input(input_shape), *body, layers.Dense(num_classes, activation="softmax")])
 
 
+def iter_size_of(args):
+    """Micro-batches per iteration: ``--iter-size``, else the config's ITER_SIZE, else 1."""
+    if args.iter_size is not None:
+        return args.iter_size
+    if args.config:
+        return hvd_sched.load_solver(args.config).get("ITER_SIZE", 1)
+    return 1
+
+
 def build_schedule(args, steps_per_epoch, world_size):
     """The schedule from ``--config`` (a Detectron YAML) or from the schedule flags, in iterations.
 
     Args:
-        args: the parsed flags.
-        steps_per_epoch: iterations per epoch, for the ``*_EPOCHS`` keys.
-        world_size: ``hvd.size()``, for REFERENCE_WORLD_SIZE's linear scaling (the flags say 1).
+        args: the parsed flags (``--iter-size`` replaces the config's ITER_SIZE).
+        steps_per_epoch: iterations (updates) per epoch, for the ``*_EPOCHS`` keys.
+        world_size: ``hvd.size()``, for REFERENCE_WORLD_SIZE's linear scaling (the flags say 1), which counts
+            world_size x ITER_SIZE.
 
     Returns:
         An ``hvd_sched.Schedule``.
@@ -193,7 +206,7 @@ def build_schedule(args, steps_per_epoch, world_size):
         ValueError, TypeError, FileNotFoundError: from ``hvd_sched.from_detectron`` for a bad config.
     """
     if args.config:
-        solver = args.config
+        solver = dict(hvd_sched.load_solver(args.config))
     else:
         solver = {"SOLVER": {
             "BASE_LR": args.base_lr, "REFERENCE_WORLD_SIZE": 1, "LR_POLICY": args.lr_policy,
@@ -202,6 +215,9 @@ def build_schedule(args, steps_per_epoch, world_size):
             "MOMENTUM": args.momentum, "WEIGHT_DECAY": args.weight_decay}}
         if args.lr_policy == "steps_with_decay":
             solver["SOLVER"]["STEPS_EPOCHS"] = args.steps_epochs
+        solver = solver["SOLVER"]
+    if args.iter_size is not None:
+        solver["ITER_SIZE"] = args.iter_size
     return hvd_sched.from_detectron(solver, steps_per_epoch=steps_per_epoch, world_size=world_size)
 
 
@@ -251,15 +267,23 @@ def main(argv=None):
     x_train, y_train, x_val, y_val = load_dataset(args.dataset, args.synthetic, args.seed)
     x_shard, y_shard = shard(x_train, y_train, rank, size)
     x_val_shard, y_val_shard = shard(x_val, y_val, rank, size)
-    steps_per_epoch = len(y_shard) // args.batch_size
+    iter_size = iter_size_of(args)
+    if isinstance(iter_size, bool) or not isinstance(iter_size, int) or iter_size < 1:
+        raise SystemExit(f"--iter-size / ITER_SIZE must be an int >= 1, got {iter_size!r}")
+    # An iteration is one update of iter_size micro-batches; an epoch ends on an update (the rest is dropped).
+    steps_per_epoch = len(y_shard) // (args.batch_size * iter_size)
     if steps_per_epoch < 1:
-        raise SystemExit(f"--batch-size {args.batch_size} is larger than this rank's {len(y_shard)} samples")
+        raise SystemExit(f"--batch-size {args.batch_size} x ITER_SIZE {iter_size} is larger than this rank's "
+                         f"{len(y_shard)} samples")
+    micro_batches = steps_per_epoch * iter_size  # Keras' steps per epoch
     schedule = build_schedule(args, steps_per_epoch, size)
     epochs = args.epochs or -(-schedule.max_iter // steps_per_epoch)
     if rank == 0:
         source = args.config or "flags"
-        print(f"hvd_sched example: {size} ranks, {len(y_shard)} samples and {steps_per_epoch} steps per epoch "
-              f"per rank (global batch {args.batch_size * size}); schedule from {source}: {schedule.lr_policy}, "
+        per_epoch = (f"{steps_per_epoch} steps per epoch" if iter_size == 1 else
+                     f"{steps_per_epoch} iterations of {iter_size} micro-batches per epoch")
+        print(f"hvd_sched example: {size} ranks, {len(y_shard)} samples and {per_epoch} per rank (global batch "
+              f"{args.batch_size * iter_size * size}); schedule from {source}: {schedule.lr_policy}, "
               f"base LR {schedule.base_lr:.4g}, warmup {schedule.warm_up_iters} its, MAX_ITER {schedule.max_iter}, "
               f"corrections at {[it for it, _ in schedule.momentum_corrections(epochs * steps_per_epoch)]}",
               flush=True)
@@ -284,7 +308,7 @@ def main(argv=None):
         if meta is not None:
             initial_epoch = meta["epoch"] + 1
             print(f"rank {rank}: resumed from {meta['path']} at epoch {initial_epoch} "
-                  f"(iteration {int(optimizer.iterations.numpy())})", flush=True)
+                  f"(iteration {hvd_sched.keras.iteration_count(optimizer)})", flush=True)
         elif rank == 0:
             print(f"--resume: no checkpoint in {checkpoint_dir}; starting from scratch", flush=True)
 
@@ -300,19 +324,20 @@ def main(argv=None):
     started = time.time()
     if initial_epoch < epochs:
         model.fit(make_dataset(x_shard, y_shard, args.batch_size, seed=args.seed + rank, training=True,
-                               skip_batches=initial_epoch * steps_per_epoch),
-                  steps_per_epoch=steps_per_epoch, epochs=epochs, initial_epoch=initial_epoch,
+                               skip_batches=initial_epoch * micro_batches),
+                  steps_per_epoch=micro_batches, epochs=epochs, initial_epoch=initial_epoch,
                   validation_data=make_dataset(x_val_shard, y_val_shard, args.batch_size, seed=0, training=False),
                   callbacks=callbacks, verbose=1 if rank == 0 else 0)
 
     # Every rank evaluates the whole validation set: equal numbers show the ranks hold the same weights.
     _, accuracy = model.evaluate(x_val, y_val, batch_size=256, verbose=0)
     print(f"rank {rank}: final val accuracy {accuracy:.4f} ({len(y_val)} samples, "
-          f"iteration {int(optimizer.iterations.numpy())})", flush=True)
+          f"iteration {hvd_sched.keras.iteration_count(optimizer)})", flush=True)
     if rank == 0:
         summary = {"world_size": size, "steps_per_epoch": steps_per_epoch, "epochs": epochs,
                    "initial_epoch": initial_epoch, "final_val_accuracy": float(accuracy),
-                   "iterations": int(optimizer.iterations.numpy()), "train_seconds": time.time() - started,
+                   "iter_size": iter_size, "iterations": hvd_sched.keras.iteration_count(optimizer),
+                   "train_seconds": time.time() - started,
                    "epoch_log": report.history, "schedule": schedule.get_config()}
         with open(os.path.join(args.out, "summary.json"), "w") as stream:
             json.dump(summary, stream, indent=1)

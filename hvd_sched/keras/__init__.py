@@ -4,8 +4,11 @@ The same names on Keras 2 (TensorFlow 2.15's `tf.keras`, tf-keras) and Keras 3 (
 
 - `ScheduledOptimizer(optimizer, schedule, ...)`: LR from `optimizer.iterations` in the training graph, momentum
   slots rescaled in the same step when the LR jumps, per-variable LR multipliers and coupled weight decay.
-- `DistributedOptimizer(optimizer)`: gradients averaged over the Horovod ranks (Horovod's own wrapper on Keras 2;
-  Horovod's TensorFlow collectives in `apply` on Keras 3, where Horovod's Keras wrapper averages nothing).
+- `DistributedOptimizer(optimizer, ...)`: gradients averaged over the Horovod ranks, Horovod's arguments
+  (gradient accumulation: `backward_passes_per_step`, or the schedule's ITER_SIZE); Horovod's own wrapper on
+  Keras 2, Horovod's TensorFlow collectives on Keras 3, where Horovod's Keras wrapper averages nothing.
+- `iteration_count(optimizer)`: the updates made (Detectron's iteration), whatever the framework's counter
+  counts under gradient accumulation.
 - `build_optimizer(solver, model, ...)`: Detectron's whole solver for a built model from one config;
   `describe_optimizer` says which rules it applies.
 - `horovod_callbacks(...)`: the checks, the initial broadcast, metric averaging, the LR logger, in order.
@@ -35,10 +38,11 @@ from .elastic import ElasticLRScaler, elastic_state
 from .guards import NonFiniteLossError, RankConsistencyCheck, RankMismatchError, StopOnNonFinite
 from .lr_schedule import ScheduleLR
 from .optimizer import ScheduledOptimizer, custom_objects, is_scheduled, load_model, scheduled_class, scheduled_of
+from ._tracking import iteration_count
 
 __all__ = ["ScheduledOptimizer", "DistributedOptimizer", "ScheduleCallback", "LearningRateLogger",
            "horovod_callbacks", "ScheduleLR", "is_scheduled", "scheduled_of", "scheduled_class", "custom_objects",
            "load_model", "EpochCheckpoint", "latest_checkpoint", "restore_latest", "StopOnNonFinite",
            "RankConsistencyCheck", "NonFiniteLossError", "RankMismatchError", "DistributedCheck",
            "BroadcastVariables", "AverageMetrics", "ElasticLRScaler", "elastic_state", "build_optimizer", "describe_optimizer",
-           "parameter_groups", "KERAS_MAJOR"]
+           "parameter_groups", "iteration_count", "KERAS_MAJOR"]

@@ -7,7 +7,8 @@ here imports Keras.
 
 import os
 
-__all__ = ["rank", "size", "is_elastic", "xla_ops_enabled", "XLA_WITH_HOROVOD", "average_gradients", "adasum_problem"]
+__all__ = ["rank", "size", "is_elastic", "xla_ops_enabled", "XLA_WITH_HOROVOD", "average_gradients",
+           "adasum_problem"]
 
 XLA_WITH_HOROVOD = (
     "hvd_sched: the whole train step is XLA-compiled (model.compile(..., jit_compile=True){auto}) and contains "
@@ -87,7 +88,8 @@ def average_gradients(grads, variables=None, *, op=None, compression=None, spars
     if sparse_as_dense:
         grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
     # Horovod's split of an average into a prescale and a postscale (its C++ side divides by the size).
-    prescale, after = (1.0 / gradient_predivide_factor, gradient_predivide_factor) if op == hvd.Average else (1.0, 1.0)
+    averaging = op == hvd.Average
+    prescale, after = (1.0 / gradient_predivide_factor, gradient_predivide_factor) if averaging else (1.0, 1.0)
     reduced = list(grads)
     for number, indices in enumerate(_groups(grads, variables, groups)):
         dtype = grads[indices[0]].dtype

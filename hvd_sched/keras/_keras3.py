@@ -289,10 +289,6 @@ def _distributed_class(base):
     return _DISTRIBUTED_CLASSES[base]
 
 
-#: Horovod's Keras `DistributedOptimizer` arguments that change nothing here only at these values.
-_ONLY_DEFAULT = {"scale_local_gradients": True}
-
-
 def distributed_optimizer(optimizer, *, backward_passes_per_step=1, average_aggregated_gradients=False,
                           name=None, scale_local_gradients=True, **reduce_options):
     """A new optimizer like `optimizer` whose gradients are reduced over the Horovod ranks before every update.

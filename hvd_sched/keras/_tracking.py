@@ -8,11 +8,15 @@ micro-batch m is m // k.
 
 from . import _backend
 
-__all__ = ["IterationTracker", "update_count", "epoch_problem"]
+__all__ = ["IterationTracker", "iteration_count", "epoch_problem"]
 
 
-def update_count(optimizer):
-    """The updates `optimizer` (as compiled) has made: its micro-batch count // micro-batches per update."""
+def iteration_count(optimizer):
+    """The iteration of `optimizer` (as compiled: distributed, loss-scaled or not): the updates it has made.
+
+    Under gradient accumulation Keras 2's `optimizer.iterations` counts micro-batches (Horovod's helper advances
+    it on each) and Keras 3's counts updates; this is micro-batches // micro-batches per update on both.
+    """
     return _backend.micro_batch_count(optimizer) // _backend.micro_batches(optimizer)
 
 
@@ -47,7 +51,7 @@ class IterationTracker(_backend.keras.callbacks.Callback):
 
     def _read_iterations(self):
         """The updates made so far."""
-        return update_count(self.model.optimizer)
+        return iteration_count(self.model.optimizer)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._micro_batches = _backend.micro_batches(self.model.optimizer)

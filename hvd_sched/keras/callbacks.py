@@ -9,7 +9,6 @@ import sys
 from ..momentum import correction_factor
 from . import _backend, _horovod, _slots
 from ._tables import as_schedule
-from ._scheduled import accumulation_problem
 from ._tracking import IterationTracker, epoch_problem
 from .distributed import distributed_callbacks
 from .guards import RankConsistencyCheck, StopOnNonFinite
@@ -75,11 +74,11 @@ class ScheduleCallback(IterationTracker):
         if _backend.steps_per_execution(self.model) != 1:
             raise ValueError("ScheduleCallback sets the LR once per batch and needs model.compile("
                              "steps_per_execution=1); use ScheduledOptimizer, which schedules in-graph")
-        if _backend.micro_batches(optimizer) > 1 or self.schedule.iter_size > 1:
+        micro_batches = max(_backend.micro_batches(optimizer), self.schedule.iter_size)
+        if micro_batches > 1:
             raise ValueError(f"ScheduleCallback sets the LR and rescales the slots between batches, which under "
-                             f"gradient accumulation ({max(_backend.micro_batches(optimizer), self.schedule.iter_size)}"
-                             " micro-batches per update) fall inside an update; use "
-                             "hvd_sched.keras.ScheduledOptimizer, which schedules by update in-graph")
+                             f"gradient accumulation ({micro_batches} micro-batches per update) fall inside an "
+                             "update; use hvd_sched.keras.ScheduledOptimizer, which schedules by update in-graph")
         mode = _slots.resolve_correction_mode(optimizer, self.schedule, self.momentum_correction)
         threshold = (self.schedule.scale_momentum_threshold if self.correction_threshold is None
                      else float(self.correction_threshold))

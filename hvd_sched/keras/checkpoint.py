@@ -21,7 +21,7 @@ import numpy as np
 import tensorflow as tf
 
 from . import _backend, _horovod
-from ._tracking import update_count
+from ._tracking import iteration_count
 
 __all__ = ["EpochCheckpoint", "latest_checkpoint", "restore_latest"]
 
@@ -144,7 +144,7 @@ class EpochCheckpoint(_backend.keras.callbacks.Callback):
         os.makedirs(tmp)
         optimizer = self.model.optimizer
         tf.train.Checkpoint(model=self.model, optimizer=optimizer).write(os.path.join(tmp, _PREFIX))
-        meta = {"epoch": int(epoch), "iteration": update_count(optimizer),
+        meta = {"epoch": int(epoch), "iteration": iteration_count(optimizer),
                 "time": time.time()}
         with open(os.path.join(tmp, "meta.json"), "w") as f:
             json.dump(meta, f)

@@ -10,7 +10,7 @@ schedule for the size it starts with and receives the slots from rank 0 in the s
 """
 
 from . import _backend, _horovod
-from ._tracking import update_count
+from ._tracking import iteration_count
 from .optimizer import scheduled_of
 
 __all__ = ["ElasticLRScaler", "elastic_state"]
@@ -77,7 +77,7 @@ class ElasticLRScaler:
         old_scale = self.optimizer.lr_scale
         scale = size / self.start_size
         factor = self.optimizer.set_lr_scale(scale)
-        iteration = update_count(self.optimizer)
+        iteration = iteration_count(self.optimizer)
         self.history.append({"iteration": iteration, "world_size": size, "old_scale": old_scale, "scale": scale,
                              "slot_factor": factor})
         if self.verbose and _horovod.rank() == 0:

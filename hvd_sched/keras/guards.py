@@ -13,7 +13,7 @@ import json
 import math
 
 from . import _backend, _horovod
-from ._tracking import IterationTracker, update_count
+from ._tracking import IterationTracker, iteration_count
 from .optimizer import scheduled_of
 
 __all__ = ["StopOnNonFinite", "RankConsistencyCheck", "NonFiniteLossError", "RankMismatchError"]
@@ -70,7 +70,7 @@ class StopOnNonFinite(IterationTracker):
 
 def _describe(model, schedule):
     optimizer = model.optimizer
-    record = {"iteration": update_count(optimizer), "micro_batches": _backend.micro_batches(optimizer),
+    record = {"iteration": iteration_count(optimizer), "micro_batches": _backend.micro_batches(optimizer),
               "optimizer": type(optimizer).__name__}
     scheduled = scheduled_of(optimizer)
     if scheduled is not None:

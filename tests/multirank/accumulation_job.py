@@ -35,7 +35,7 @@ tf.config.experimental.enable_op_determinism()
 hvd.init()
 rank, size = hvd.rank(), hvd.size()
 GLOBAL, UPDATES, EPOCHS = 32, 4, 4
-SOLVER = {"BASE_LR": 0.1, "LR_POLICY": "steps_with_decay", "GAMMA": 0.1, "STEPS": [0, 6, 10],
+SOLVER = {"BASE_LR": 0.1, "LR_POLICY": "steps_with_decay", "GAMMA": 0.1, "STEPS": [0, 8, 12],
           "MAX_ITER": UPDATES * EPOCHS, "WARM_UP_ITERS": 3, "WARM_UP_FACTOR": 0.25, "WARM_UP_METHOD": "constant",
           "MOMENTUM": 0.9, "WEIGHT_DECAY": 0.01}
 

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.multirank
 JOB = pathlib.Path(__file__).with_name("accumulation_job.py")
 GLOBAL, UPDATES, EPOCHS = 32, 4, 4
 N_ITERS = UPDATES * EPOCHS
-SOLVER = {"BASE_LR": 0.1, "LR_POLICY": "steps_with_decay", "GAMMA": 0.1, "STEPS": [0, 6, 10], "MAX_ITER": N_ITERS,
+SOLVER = {"BASE_LR": 0.1, "LR_POLICY": "steps_with_decay", "GAMMA": 0.1, "STEPS": [0, 8, 12], "MAX_ITER": N_ITERS,
           "WARM_UP_ITERS": 3, "WARM_UP_FACTOR": 0.25, "WARM_UP_METHOD": "constant"}
 # The Keras-version path: Horovod's own wrapper on Keras 2, Keras 3's own accumulation argument on Keras 3.
 NATIVE = "horovod" if KERAS_MAJOR == 2 else "keras3"
@@ -113,7 +113,9 @@ def test_the_logged_learning_rate_is_the_updates_not_the_micro_batches(ranks, sp
     counted = N_ITERS * (k if KERAS_MAJOR == 2 and k > 1 else 1)
     assert result["raw_iterations"] == counted
     if "resume" in spec:
-        assert result["checkpoint_iteration"] == 2 * UPDATES  # EpochCheckpoint's meta counts updates
+        # EpochCheckpoint's meta counts updates; the resumed run's first update is a correction (STEPS 8).
+        assert result["checkpoint_iteration"] == 2 * UPDATES == SOLVER["STEPS"][1]
+        assert 2 * UPDATES in detectron_corrections(N_ITERS, SOLVER)
 
 
 def _gradient_allreduces(path):

@@ -98,3 +98,16 @@ def test_schedule_from_flags_without_config(tmp_path):
     assert schedule["base_lr"] == pytest.approx(0.1)  # --base-lr 0.05 for one rank, scaled to 2 ranks
     assert schedule["max_iter"] == summary["iterations"] == 2 * summary["steps_per_epoch"]
     assert finals[0] > 0.5  # ten separable clusters
+
+
+def test_demo_with_iter_size_2_is_the_large_batch_of_4_ranks(tmp_path):
+    """`--iter-size 2` on 2 ranks: 2 micro-batches of 32 per rank and iteration (global batch 128), so the
+    REFERENCE_WORLD_SIZE 1 config's LR is scaled by 2 ranks x 2 (Goyal et al.: the LR of 4 ranks), its epoch keys
+    count iterations of 11 updates, and the ranks end identical."""
+    stdout, finals, summary = train(tmp_path / "accumulated", "--config", DEMO, "--epochs", 8, "--iter-size", 2)
+    assert "11 iterations of 2 micro-batches per epoch per rank (global batch 128)" in stdout
+    assert summary["iter_size"] == 2 and summary["steps_per_epoch"] == 11
+    assert summary["iterations"] == 8 * 11 == summary["schedule"]["max_iter"]
+    assert summary["schedule"]["base_lr"] == pytest.approx(0.2) and summary["schedule"]["iter_size"] == 2
+    assert "momentum correction at iteration 55" in stdout and "momentum correction at iteration 77" in stdout
+    assert finals[0] > 0.9
