@@ -162,3 +162,22 @@ def test_horovod_arguments_that_cannot_be_honoured_are_named(horovod):
     if KERAS_MAJOR == 3:
         with pytest.raises(ValueError, match=r"scale_local_gradients=False: .* no worker-local variables"):
             DistributedOptimizer(_scheduled(), scale_local_gradients=False)
+
+
+@pytest.mark.skipif(KERAS_MAJOR != 3, reason="Keras 2 accumulates only in Horovod's wrapper, whose ops XLA refuses")
+def test_keras3_whole_step_xla_with_iter_size_equals_the_uncompiled_step():
+    """Keras 3's jit_compile (on by default wherever a GPU is visible): one process, ITER_SIZE 2, 16 updates."""
+    import rankutil
+
+    solver = dict(SOLVER, STEPS=[0, 8, 12], MAX_ITER=16, ITER_SIZE=2)
+    x, y = rankutil.make_regression(n=128, seed=3)
+    weights = []
+    for jit_compile in (False, True):
+        model = rankutil.make_mlp(seed=1)
+        model.compile(ScheduledOptimizer(tf.keras.optimizers.SGD(momentum=0.9), hvd_sched.from_detectron(solver)),
+                      "mse", jit_compile=jit_compile)
+        model.fit(x, y, batch_size=16, epochs=4, shuffle=False, verbose=0)
+        assert hvd_sched.keras.iteration_count(model.optimizer) == 16
+        weights.append([v.numpy() for v in model.trainable_variables])
+    for uncompiled, compiled in zip(*weights):
+        np.testing.assert_allclose(compiled, uncompiled, atol=1e-6, rtol=0)
