@@ -14,7 +14,8 @@
 - ``verdict``: whether such an interval confirms, refutes or cannot decide an upper-bound target;
 - ``compare``: one variant against its reference over interleaved rounds (ratios and extra microseconds per
   step, each with its interval, and the verdict); ``comparison_table``: those rows as a Markdown table;
-- ``raw_path``: ``docs/bench/<UTC date and time>_<benchmark>.json``, where every full run keeps its raw figures.
+- ``raw_path``: ``docs/bench/<UTC date and time>_<benchmark>.json``, where every full run keeps its raw figures;
+- ``command_line``: the command that reproduces a run on its row, recorded in the report.
 """
 
 import argparse
@@ -28,7 +29,7 @@ import sys
 
 __all__ = ["ROOT", "DOCS", "RAW_DIR", "limit_threads", "horovodrun_cmd", "worker_env", "machine", "stack_row",
            "git_commit", "loadavg", "run_checked", "summarise", "bootstrap_ci", "verdict", "compare",
-           "comparison_table", "raw_path", "write_json", "add_output_arguments", "write_report"]
+           "comparison_table", "raw_path", "write_json", "add_output_arguments", "write_report", "command_line"]
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -296,13 +297,13 @@ def _interval(row, key, digits=3):
     return f"{row[key]:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
 
 
-def comparison_table(title, table, unit="ms"):
+def comparison_table(title, table, unit="ms", per="step"):
     """Markdown lines of ``compare`` rows (``{name: row}``; a row with ``not_applicable`` prints its reason, a
-    row's ``note`` goes in the last column)."""
+    row's ``note`` goes in the last column); ``per``: what the compared times are per ("step", "update")."""
     scale = {"ms": 1.0, "us": 1e3}[unit]
     lines = [f"**{title}**", "",
-             f"| variant | median {unit}/step | min {unit}/step | ratio (median) [95% CI] | paired ratio (median) "
-             "[95% CI] | extra us/step [95% CI] | paired extra us/step [95% CI] | target | note |",
+             f"| variant | median {unit}/{per} | min {unit}/{per} | ratio (median) [95% CI] | paired ratio (median) "
+             f"[95% CI] | extra us/{per} [95% CI] | paired extra us/{per} [95% CI] | target | note |",
              "|---|---:|---:|---:|---:|---:|---:|---|---|"]
     for name, row in table.items():
         if "not_applicable" in row:
@@ -322,6 +323,13 @@ def raw_path(benchmark, directory=None):
     overwritten by a later run."""
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H%M%S")
     return pathlib.Path(directory or RAW_DIR) / f"{stamp}_{benchmark}.json"
+
+
+def command_line(row, script, quick):
+    """``[TF_USE_LEGACY_KERAS=1 ]<this python, relative to the checkout> bench/<script>[ --quick]``: the variable
+    on the tf-keras rows (tf2.16 and later with Keras 2), none on tf2.15 and keras3."""
+    return ("TF_USE_LEGACY_KERAS=1 " if row not in ("tf2.15", "keras3") else "") + \
+        f"{os.path.relpath(sys.executable, ROOT)} bench/{script}" + (" --quick" if quick else "")
 
 
 def add_output_arguments(parser, benchmark, *, out_help="also write the JSON report here", workers=True):

@@ -1,9 +1,12 @@
-"""The ``model.fit`` timing harness shared by ``bench/overhead.py`` and ``bench/conv_net.py``, and Horovod's timeline.
+"""The ``model.fit`` timing harness of ``bench/overhead.py``, ``conv_net.py`` and ``accumulation.py``, and Horovod's
+timeline.
 
 - ``timer_callbacks``: a (Stop, Start) pair of callbacks that time the steps of each epoch, not Keras' once-per-epoch
   work;
 - ``time_rounds``: every variant's ``fit`` in shuffled interleaved rounds (the same order on every rank, a barrier
   before each ``fit``), wall and CPU seconds per step of each round;
+- ``record_timelines``: one untimed ``fit`` of each variant in its own Horovod timeline;
+- ``micro_batch_counter``: the optimizer's counter of steps (micro-batches under gradient accumulation);
 - ``current_lr``: an optimizer's learning rate now, as a float (Keras 2 and Keras 3);
 - ``load_timeline`` / ``count_collectives``: Horovod's timeline (``HOROVOD_TIMELINE``) read back, collectives and
   allreduce bytes per step.
@@ -16,7 +19,8 @@ import math
 import pathlib
 import time
 
-__all__ = ["timer_callbacks", "time_rounds", "current_lr", "load_timeline", "count_collectives"]
+__all__ = ["timer_callbacks", "time_rounds", "record_timelines", "micro_batch_counter", "current_lr", "load_timeline",
+           "count_collectives"]
 
 
 def timer_callbacks(keras):
@@ -59,11 +63,13 @@ def time_rounds(built, dataset, *, keras, epochs, steps_per_epoch, rounds, barri
     ``{name: [per round]}`` dict (the epochs' steps in wall and process CPU time, the whole ``fit`` in wall time).
 
     Args:
-        built: ``{name: (compiled model, its callbacks)}``; each round resets ``optimizer.iterations`` to 0, so
-            every round runs the same part of the schedule (its corrections included).
-        dataset: a repeated ``tf.data.Dataset``.
+        built: ``{name: (compiled model, its callbacks)}``; each round resets the optimizer's step counter
+            (``micro_batch_counter``) to 0, so every round runs the same part of the schedule (its corrections
+            included).
+        dataset: a repeated ``tf.data.Dataset``, or ``{name: dataset}`` (variants with different batches).
         keras: the Keras module (``tf.keras``).
-        epochs, steps_per_epoch: one ``fit`` per variant and round.
+        epochs, steps_per_epoch: one ``fit`` per variant and round; ``steps_per_epoch`` an int or ``{name: int}``
+            (Keras' steps: micro-batches under gradient accumulation).
         rounds: timed rounds, after one untimed round that traces and compiles every variant.
         barrier: a function called before each ``fit`` (e.g. a Horovod allreduce so that the ranks start
             together), or None.
@@ -72,13 +78,14 @@ def time_rounds(built, dataset, *, keras, epochs, steps_per_epoch, rounds, barri
     import numpy as np
 
     stop, start = timer_callbacks(keras)
-    steps = epochs * steps_per_epoch
 
     def run(name):
         model, callbacks = built[name]
-        model.optimizer.iterations.assign(0)
-        model.fit(dataset, initial_epoch=0, epochs=epochs, steps_per_epoch=steps_per_epoch, verbose=0,
-                  callbacks=[stop, *callbacks, start])
+        micro_batch_counter(model.optimizer).assign(0)
+        steps_per_name = _of_variant(steps_per_epoch, name)
+        steps = epochs * steps_per_name
+        model.fit(_of_variant(dataset, name), initial_epoch=0, epochs=epochs, steps_per_epoch=steps_per_name,
+                  verbose=0, callbacks=[stop, *callbacks, start])
         return {"wall": start.steps_seconds / steps, "cpu": start.steps_cpu_seconds / steps,
                 "fit": start.fit_seconds / steps}
 
@@ -96,6 +103,37 @@ def time_rounds(built, dataset, *, keras, epochs, steps_per_epoch, rounds, barri
             for key, value in run(name).items():
                 times[key][name].append(value)
     return times
+
+
+def _of_variant(value, name):
+    """``value[name]`` where ``value`` is a ``{name: value}`` dict, else ``value`` (the same for every variant)."""
+    return value[name] if isinstance(value, dict) else value
+
+
+def record_timelines(built, dataset, directory, *, keras, epochs, steps_per_epoch, barrier):
+    """One untimed ``fit`` of each variant (``time_rounds`` with no timed round), each recorded in its own Horovod
+    timeline ``<directory>/<name>.json`` (``hvd.start_timeline``: the job needs ``HOROVOD_TIMELINE=DYNAMIC``).
+
+    ``barrier`` (a Horovod collective, the same on every rank) runs before each recording starts: it is not in it.
+    """
+    import horovod.tensorflow as hvd
+
+    for name in built:
+        barrier()
+        hvd.start_timeline(str(pathlib.Path(directory) / f"{name}.json"))
+        time.sleep(0.5)  # every rank records before the first gradient is negotiated
+        time_rounds({name: built[name]}, dataset, keras=keras, epochs=epochs, steps_per_epoch=steps_per_epoch,
+                    rounds=0)
+        hvd.stop_timeline()  # rank 0 (which writes) returned from fit: its collectives are complete
+
+
+def micro_batch_counter(optimizer):
+    """The variable counting the optimizer's steps: ``optimizer.iterations``, except under Keras 3's gradient
+    accumulation, where ``iterations`` is ``_iterations // gradient_accumulation_steps`` (a tensor) and the
+    variable is ``_iterations`` (micro-batches). Keras 2 with Horovod's accumulation counts micro-batches in
+    ``iterations`` itself."""
+    iterations = optimizer.iterations
+    return iterations if hasattr(iterations, "assign") else optimizer._iterations
 
 
 def current_lr(optimizer):

@@ -225,8 +225,7 @@ def main(argv=None):
     loads["end"] = _common.loadavg()
     summaries = {clock: summarise(raw[clock]) for clock in ("cpu_seconds_per_step", "seconds_per_step")}
     row = machine.get("stack_row", "unknown")
-    command = ("TF_USE_LEGACY_KERAS=1 " if row not in ("tf2.15", "keras3") else "") + \
-        f"{os.path.relpath(sys.executable, _common.ROOT)} bench/apply_loop.py" + (" --quick" if args.quick else "")
+    command = _common.command_line(row, "apply_loop.py", args.quick)
     report = {"machine": machine, "command": command, "keras_major": KERAS_MAJOR,
               "settings": {**setting, "model_variables": "MLP 32-64-2 (4 variables)", "threads_per_process": 1,
                            "base_lr": BASE_LR, "momentum": MOMENTUM, "solver": solver(setting["steps"]),

@@ -59,13 +59,14 @@ def solver(steps):
             "SCALE_MOMENTUM_THRESHOLD": 1.1}
 
 
-def _data(tf):
+def _data(tf, batch=BATCH):
+    """``BATCH * 8`` generated images and labels (the same on every rank), in batches of ``batch``, repeated."""
     import numpy as np
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(BATCH * 8, 32, 32, 3)).astype(np.float32)
     y = rng.integers(0, 10, size=BATCH * 8).astype(np.int64)
-    return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH, drop_remainder=True).repeat()
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True).repeat()
 
 
 def _model(keras):
@@ -80,10 +81,11 @@ def _model(keras):
     return keras.Sequential(layers)
 
 
-def _build(name, keras, schedule):
+def _build(name, keras, schedule, model=None):
+    """(``model``, default ``_model(keras)``, compiled with variant `name`'s optimizer, no callbacks)."""
     import hvd_sched.keras
 
-    model = _model(keras)
+    model = _model(keras) if model is None else model
     if name == "baseline":
         optimizer = keras.optimizers.SGD(BASE_LR, momentum=MOMENTUM)
     elif name == "hvd_sched_optimizer":
@@ -168,8 +170,7 @@ def main(argv=None):
     results = {key: table(raw, "seconds_per_step") for key, raw in raws.items()}
     cpu_results = {key: table(raw, "cpu_seconds_per_step") for key, raw in raws.items()}
     row = machine.get("stack_row", "unknown")
-    command = ("TF_USE_LEGACY_KERAS=1 " if row not in ("tf2.15", "keras3") else "") + \
-        f"{os.path.relpath(sys.executable, _common.ROOT)} bench/conv_net.py" + (" --quick" if args.quick else "")
+    command = _common.command_line(row, "conv_net.py", args.quick)
     steps = EPOCHS * setting["steps_per_epoch"]
     report = {"machine": machine, "command": command,
               "settings": {**setting, "epochs_per_round": EPOCHS, "steps_per_round": steps, "batch": BATCH,

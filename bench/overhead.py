@@ -149,13 +149,14 @@ def _solver():
             "SCALE_MOMENTUM_THRESHOLD": 1.1}
 
 
-def _data(tf):
+def _data(tf, batch=BATCH):
+    """``BATCH * 64`` generated examples (the same on every rank), in batches of ``batch``, repeated."""
     import numpy as np
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(BATCH * 64, 32)).astype(np.float32)
     y = (x @ rng.normal(size=32) > 0).astype(np.int64)
-    return tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH, drop_remainder=True).repeat()
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch, drop_remainder=True).repeat()
 
 
 def _model(keras):
@@ -228,13 +229,8 @@ def worker(args):
         return hvd.allreduce(barrier_tensor, name=_BARRIER)
 
     if args.timeline_dir:  # each variant's fit recorded in its own timeline file
-        for name in names:
-            barrier()  # before the recording starts: it is not counted
-            hvd.start_timeline(str(pathlib.Path(args.timeline_dir) / f"{name}.json"))
-            time.sleep(0.5)  # every rank records before the first gradient is negotiated
-            _fit.time_rounds({name: built[name]}, dataset, keras=keras, epochs=EPOCHS,
-                             steps_per_epoch=steps_per_epoch, rounds=0)
-            hvd.stop_timeline()  # rank 0 (which writes) returned from fit: its collectives are complete
+        _fit.record_timelines(built, dataset, args.timeline_dir, keras=keras, epochs=EPOCHS,
+                              steps_per_epoch=steps_per_epoch, barrier=barrier)
         return
     barrier_tensor = tf.constant(0.0)
     times = _fit.time_rounds(built, dataset, keras=keras, epochs=EPOCHS, steps_per_epoch=steps_per_epoch,
@@ -332,8 +328,7 @@ def driver(args):
     results = {key: _summary(raws[key], raws[key]["size"]) for key in raws}
     cpu_results = {key: _summary(raws[key], raws[key]["size"], "cpu_seconds_per_step") for key in raws}
     row = machine.get("stack_row", "unknown")
-    command = ("TF_USE_LEGACY_KERAS=1 " if row not in ("tf2.15", "keras3") else "") + \
-        f"{os.path.relpath(sys.executable, _common.ROOT)} bench/overhead.py" + (" --quick" if args.quick else "")
+    command = _common.command_line(row, "overhead.py", args.quick)
     report = {
         "machine": machine,
         "command": command,

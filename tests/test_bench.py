@@ -1,7 +1,8 @@
-"""`bench/overhead.py --quick`, `bench/apply_loop.py --quick`, `bench/conv_net.py --quick`, `bench/scale.py --quick` and
-`bench/large_batch.py --quick` run and report (the benchmarks are not tests: no timing or accuracy is asserted, only
-that the scripts finish and their outputs have the documented form). Each runs under this test's Python, so every
-row of the support matrix checks its own form (Keras 2 rows: the XLA rows; Keras 3: the floor rows)."""
+"""`bench/overhead.py --quick`, `bench/apply_loop.py --quick`, `bench/conv_net.py --quick`, `bench/accumulation.py
+--quick`, `bench/scale.py --quick` and `bench/large_batch.py --quick` run and report (the benchmarks are not tests:
+no timing or accuracy is asserted, only that the scripts finish and their outputs have the documented form). Each
+runs under this test's Python, so every row of the support matrix checks its own form (Keras 2 rows: the XLA rows;
+Keras 3: the floor rows)."""
 
 import json
 import math
@@ -179,6 +180,53 @@ def test_conv_net_quick_reports_a_realistic_step(tmp_path):
         assert raw["final_lr"]["baseline"] == pytest.approx(0.05)
         assert raw["final_lr"]["hvd_sched_optimizer"] == pytest.approx(0.0005, rel=1e-5)
         assert {it for it, _ in raw["momentum_corrections"]} >= {3, 4}  # the two decays (and the short warmup)
+
+
+@pytest.mark.slow
+@pytest.mark.multirank
+def test_accumulation_quick_reports_the_cost_per_update(tmp_path):
+    out = tmp_path / "accumulation.json"
+    last = _run_script("accumulation.py", "--quick", "--out", out, "--raw-dir", tmp_path / "raw", timeout=400)
+    rows = {"mlp_k2", "conv_k2"}
+    assert last.keys() == {"ranks1", "ranks2"} and all(set(ratios) == rows for ratios in last.values()), last
+    report = json.loads(out.read_text())
+    _check_machine(report["machine"])
+    assert report["keras_major"] == KERAS_MAJOR
+    assert report["settings"]["micro_batch"] == {"mlp_k1": 64, "mlp_k2": 32, "conv_k1": 64, "conv_k2": 32}
+    for ranks in ("ranks1", "ranks2"):
+        for name in rows:  # k = 2 against k = 1, per update, in wall and CPU time; no target
+            for row in (report[ranks][name], report["cpu"][ranks][name]):
+                _check_row(row, (ranks, name))
+                assert row["reference"] == name.replace("_k2", "_k1") and row["verdict"] == "no target"
+                assert "target" not in row
+            assert last[ranks][name] == report[ranks][name]["ratio_median"]
+        raw = report[f"raw_{ranks}"]
+        assert raw["size"] == int(ranks[-1])
+        # Each variant's last round: 2 epochs of 4 (mlp) or 2 (conv) updates, k micro-batches (Keras' steps) each.
+        assert raw["iteration_count"] == raw["updates_per_round"] == {"mlp_k1": 8, "mlp_k2": 8, "conv_k1": 4,
+                                                                       "conv_k2": 4}
+        assert raw["micro_batch_counter"] == raw["steps_per_round"] == {"mlp_k1": 8, "mlp_k2": 16, "conv_k1": 4,
+                                                                         "conv_k2": 8}
+        assert all(len(times) == 2 for times in raw["seconds_per_update"].values())
+        assert all(len(times) == 2 for times in raw["cpu_seconds_per_update"].values())
+    sums = report["raw_ranks2"]["weights_sha256"]  # one dict per rank
+    assert len(sums) == 2 and sums[0] == sums[1] and set(sums[0]) == {"mlp_k1", "mlp_k2", "conv_k1", "conv_k2"}
+    # One reduction per update: the same allreduces and bytes per update at k = 2 as at k = 1, half per micro-batch.
+    weights = {"mlp": 32 * 64 + 64 + 64 * 2 + 2, "conv": 24346}
+    tensors = {"mlp": 4, "conv": 11}  # kernels and biases; conv: 3 kernels, 3 x BN gamma and beta, Dense 2
+    for name, row in report["timeline"]["variants"].items():
+        model, k = name.split("_k")
+        assert row["ops_per_update"]["ALLREDUCE"] == tensors[model], name
+        assert row["allreduce_bytes_per_update"] == 4 * weights[model], name
+        assert row["allreduce_bytes_per_micro_batch"] == 4 * weights[model] / int(k), name
+    for name in rows:
+        comparison = report["timeline"]["comparison"][name]
+        assert comparison["same_per_update"] is True and comparison["bytes_per_micro_batch_ratio"] == 0.5, name
+    assert report["checks"]["passed"] is True and all(report["checks"]["each"].values())
+    raw = list((tmp_path / "raw").glob("*_accumulation_*.json"))
+    assert len(raw) == 1 and json.loads(raw[0].read_text())["checks"] == report["checks"]
+    table = raw[0].with_suffix(".md").read_text()
+    assert table.count("| mlp_k2 (/ mlp_k1) |") == 4 and "median ms/update" in table  # 1 and 2 ranks, wall and CPU
 
 
 @pytest.mark.slow

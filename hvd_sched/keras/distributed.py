@@ -55,7 +55,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     Gradient accumulation (large batches on few ranks): with `backward_passes_per_step` k each update uses k
     micro-batches per rank, reduced over the ranks once per update (no collective on the other micro-batches).
     An iteration is one update everywhere in hvd_sched: the schedule, its momentum corrections, the logged LR,
-    checkpoints and `optimizer.iterations`-based resume count updates, whatever the framework's counter counts.
+    checkpoints and resume count updates (`iteration_count`), whatever the framework's counter counts.
     Keras 2: Horovod's accumulation. Keras 3: the optimizer's own `gradient_accumulation_steps` (set to k here;
     an optimizer that already has it accumulates that many micro-batches, averaged).
 
