@@ -267,8 +267,9 @@ class _DistributedMixin:
 
     def _backend_apply_gradients(self, grads, trainable_variables):
         # The variables of this step's gradients, for `groups` given as lists of variables (Python objects, the
-        # same in every trace; no tensor kept).
-        self._hvd_sched_step_variables = list(trainable_variables)
+        # same in every trace; no tensor kept). object.__setattr__: Keras' tracker would otherwise add them to the
+        # optimizer's own variables (and to what model.save writes for it).
+        object.__setattr__(self, "_hvd_sched_step_variables", list(trainable_variables))
         return super()._backend_apply_gradients(grads, trainable_variables)
 
     def _clip_gradients(self, grads):
