@@ -8,6 +8,7 @@ trained in turn from the same initial weights, results emitted by SPEC; PATH one
   horovod    (Keras 2) Horovod's own hvd.DistributedOptimizer(ScheduledOptimizer(...), backward_passes_per_step=K,
              average_aggregated_gradients=True): the line a Horovod user writes;
   keras3     (Keras 3) ScheduledOptimizer(SGD(gradient_accumulation_steps=K), schedule), distributed by hvd_sched;
+  legacy     (Keras 2) iter_size with tf.keras.optimizers.legacy.SGD (OptimizerV2: its slots rescaled behind a tf.cond);
   build      build_optimizer(SOLVER with ITER_SIZE K, WEIGHT_DECAY), distributed by hvd_sched (Detectron's rules);
   summed     hvd_sched's DistributedOptimizer(backward_passes_per_step=K, op=hvd.Sum): Horovod's sums, over the
              micro-batches (average_aggregated_gradients=False, its default) and over the ranks;
@@ -47,7 +48,7 @@ def shard(a, k):
 
 
 def build(path, k, flags):
-    schedule = hvd_sched.from_detectron(dict(SOLVER, ITER_SIZE=k if path == "iter_size" else 1))
+    schedule = hvd_sched.from_detectron(dict(SOLVER, ITER_SIZE=k if path in ("iter_size", "legacy") else 1))
     model = rankutil.make_mlp(seed=1)
     sgd = dict(momentum=0.9, nesterov="nesterov" in flags)
     if path == "build":
@@ -55,6 +56,8 @@ def build(path, k, flags):
     elif path == "keras3":
         opt = hvd_sched.keras.ScheduledOptimizer(tf.keras.optimizers.SGD(**sgd, gradient_accumulation_steps=k),
                                                  schedule)
+    elif path == "legacy":
+        opt = hvd_sched.keras.ScheduledOptimizer(tf.keras.optimizers.legacy.SGD(**sgd), schedule)
     else:
         opt = hvd_sched.keras.ScheduledOptimizer(tf.keras.optimizers.SGD(**sgd), schedule)
     if path == "horovod":

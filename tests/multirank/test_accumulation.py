@@ -32,7 +32,7 @@ SINGLE = ["iter_size:1", "iter_size:2", "iter_size:4", "iter_size:1:nesterov", "
           "build:2", f"{NATIVE}:2"] + (["iter_size:2:xla"] if KERAS_MAJOR == 2 else [])
 RANKS = ["iter_size:1", "iter_size:2", "iter_size:4", "bpps:2", "summed:2", "options:2", f"{NATIVE}:2",
          f"{NATIVE}:4", "iter_size:2:nesterov", "build:2", "iter_size:2:resume", "iter_size:1:timeline",
-         "iter_size:2:timeline"] + (["iter_size:2:xla"] if KERAS_MAJOR == 2 else [])
+         "iter_size:2:timeline"] + (["iter_size:2:xla", "legacy:2"] if KERAS_MAJOR == 2 else [])
 
 
 def _run(tmp_path_factory, np_, specs):
@@ -97,7 +97,7 @@ def test_two_ranks_are_identical_and_equal_caffe2_on_the_full_batch(ranks, singl
     for w0, w1 in zip(r0["weights"], r1["weights"]):
         np.testing.assert_array_equal(np.array(w0), np.array(w1))
     _assert_close(r0["weights"], _reference(r0, spec, ranks=2), spec)
-    if spec.startswith(("iter_size", "bpps", "options", NATIVE)) and "nesterov" not in spec:
+    if spec.startswith(("iter_size", "bpps", "options", "legacy", NATIVE)) and "nesterov" not in spec:
         _assert_close(r0["weights"], single["iter_size:1"]["weights"], f"{spec} vs one process at k = 1")
 
 
