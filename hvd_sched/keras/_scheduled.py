@@ -58,6 +58,12 @@ def accumulation_problem(optimizer, iter_size=1):
                 "hvd_sched.keras.DistributedOptimizer")
     if k > 1 and _backend.is_loss_scaled(optimizer):
         return _LOSS_SCALE_ACCUMULATION.format(k=k)
+    if k > 1 and _horovod.is_elastic():
+        return (f"hvd_sched: gradient accumulation ({k} micro-batches per update) under elastic Horovod is not "
+                "supported: a reset between the micro-batches of an update would restore the weights but not the "
+                "partial sums (Horovod's accumulation helper keeps them outside any state), and is not tested; "
+                "run elastic jobs with ITER_SIZE / backward_passes_per_step 1, or a fixed world size with "
+                "accumulation")
     return None
 
 
