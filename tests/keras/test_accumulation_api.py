@@ -16,20 +16,7 @@ from stackutil import KERAS_MAJOR
 SOLVER = {"BASE_LR": 0.1, "LR_POLICY": "steps_with_decay", "STEPS": [0, 4], "MAX_ITER": 8, "WARM_UP_ITERS": 2}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def horovod():
-    import horovod.tensorflow as hvd
-
-    hvd.init()
-    return hvd
-
-
-@pytest.fixture
-def mixed_float16():
-    policy = tf.keras.mixed_precision.global_policy()
-    tf.keras.mixed_precision.set_global_policy("mixed_float16")
-    yield
-    tf.keras.mixed_precision.set_global_policy(policy)
+pytestmark = pytest.mark.usefixtures("horovod")  # tests/keras/conftest.py: hvd.init(), size 1
 
 
 def _schedule(iter_size=1):
