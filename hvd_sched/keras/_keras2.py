@@ -166,7 +166,7 @@ def sums_micro_batches(optimizer):
 def micro_batch_count(optimizer):
     """The micro-batches run so far: Keras 2's `iterations`, which Horovod's accumulation advances on every
     micro-batch (on the ones it only accumulates too)."""
-    return int(tf.keras.backend.get_value(unwrap(optimizer).iterations))
+    return int(get_value(unwrap(optimizer).iterations))
 
 
 def update_index(optimizer):

@@ -151,7 +151,7 @@ def sums_micro_batches(optimizer):
 
 def micro_batch_count(optimizer):
     """The micro-batches run so far: `_iterations` (Keras 3's `iterations` is it // gradient_accumulation_steps)."""
-    return int(ops.convert_to_numpy(unwrap(optimizer)._iterations))
+    return int(get_value(unwrap(optimizer)._iterations))
 
 
 def update_index(optimizer):

@@ -144,7 +144,8 @@ class ScheduledBase:
                  weight_decays=None, log_corrections=True, **kwargs):
         kwargs.pop("learning_rate", None)
         kwargs.pop("lr", None)
-        iter_size = as_schedule(schedule).iter_size
+        schedule = as_schedule(schedule)
+        iter_size = schedule.iter_size
         if _backend.KERAS_MAJOR == 3 and iter_size > 1:
             # Keras 3 accumulates in the optimizer itself: ITER_SIZE micro-batches per update.
             given = kwargs.get("gradient_accumulation_steps")
@@ -155,7 +156,7 @@ class ScheduledBase:
             kwargs["gradient_accumulation_steps"] = iter_size
         if _validation.name_rules("weight_decays", weight_decays, "decay") and kwargs.get("weight_decay"):
             raise ValueError(BOTH_DECAYS.format(cls=type(self).__name__, wd=kwargs["weight_decay"]))
-        schedule_lr = ScheduleLR(as_schedule(schedule))
+        schedule_lr = ScheduleLR(schedule)
         with tf.init_scope():
             schedule_lr.scale = tf.Variable(1.0, trainable=False, dtype=tf.float32, name="hvd_sched_lr_scale")
             last_step = tf.Variable(-1, trainable=False, dtype=tf.int64, name="hvd_sched_last_step")

@@ -17,8 +17,9 @@ Wrap the scheduled optimizer, not the other way round:
 
 from .. import _validation
 from . import _backend, _horovod
-from ._scheduled import ScheduledBase, accumulation_problem
+from ._scheduled import accumulation_problem
 from ._tracking import epoch_problem
+from .optimizer import scheduled_of
 
 __all__ = ["DistributedOptimizer", "distributed_callbacks", "DistributedCheck", "BroadcastVariables",
            "AverageMetrics"]
@@ -132,9 +133,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
 
 
 def _iter_size(optimizer):
-    scheduled = _backend.unwrap(optimizer)
-    schedule = getattr(scheduled, "schedule", None) if isinstance(scheduled, ScheduledBase) else None
-    return schedule.iter_size if schedule is not None else 1
+    """The ITER_SIZE of the schedule `optimizer` follows, else 1 (an optimizer without a schedule)."""
+    scheduled = scheduled_of(optimizer)
+    return scheduled.schedule.iter_size if scheduled is not None else 1
 
 
 def _accumulation(optimizer, backward_passes_per_step, average_aggregated_gradients):
