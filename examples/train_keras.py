@@ -25,6 +25,7 @@ machine; across machines a shared filesystem, or rank 0's copy is broadcast to r
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -318,9 +319,12 @@ def main(argv=None):
         # Our own progress bar ahead of the report, so Keras' epoch line is complete before ours is printed.
         progbar = (tf.keras.callbacks.ProgbarLogger(count_mode="steps") if hvd_sched.keras.KERAS_MAJOR == 2
                    else tf.keras.callbacks.ProgbarLogger())  # Keras 3 counts steps without being asked
-        callbacks += [progbar, report,
-                      tf.keras.callbacks.TensorBoard(os.path.join(args.out, "tb"), write_graph=False,
-                                                     profile_batch=0)]
+        callbacks += [progbar, report]
+        if importlib.util.find_spec("tensorboard") is not None:
+            callbacks.append(tf.keras.callbacks.TensorBoard(os.path.join(args.out, "tb"), write_graph=False,
+                                                            profile_batch=0))
+        else:  # TensorFlow >= 2.21 no longer depends on TensorBoard; Keras' callback would fail at the first batch
+            print("  TensorBoard is not installed: no logs in OUT/tb (pip install tensorboard)", flush=True)
     started = time.time()
     if initial_epoch < epochs:
         model.fit(make_dataset(x_shard, y_shard, args.batch_size, seed=args.seed + rank, training=True,
