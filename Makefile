@@ -2,8 +2,8 @@
 # environment and the cached Horovod wheel in $(HVD_SCHED_CACHE), default ~/.cache/hvd_sched).
 #
 # STACK picks a row of the support matrix (scripts/versions.env; default: its first row, in .venv):
-#   make test STACK=tf2.20        (Python 3.12, TensorFlow 2.20 + tf-keras as tf.keras, in .venv-tf2.20)
-#   make test STACK=keras3        (Python 3.12, TensorFlow 2.20 with Keras 3 as tf.keras, in .venv-keras3)
+#   make test STACK=tf2.21        (Python 3.13, TensorFlow 2.21 + tf-keras as tf.keras, in .venv-tf2.21)
+#   make test STACK=keras3        (Python 3.13, TensorFlow 2.21 with Keras 3 as tf.keras, in .venv-keras3)
 STACKS := $(shell bash scripts/stack.sh --list)
 STACK ?= $(firstword $(STACKS))
 ifeq ($(filter $(STACK),$(STACKS)),)
@@ -30,11 +30,11 @@ else
 unexport TF_USE_LEGACY_KERAS
 endif
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench clean gpu-build-check
 
 install: $(STAMP)
 
-$(STAMP): scripts/install.sh scripts/stack.sh scripts/versions.env setup.py
+$(STAMP): scripts/install.sh scripts/stack.sh scripts/versions.env pyproject.toml
 	bash scripts/install.sh $(VENV)
 	@touch $@
 
@@ -48,6 +48,12 @@ test: install
 bench: install
 	$(PY) bench/overhead.py --quick
 	$(PY) bench/lr_at_speed.py
+
+# The GPU build (Horovod with NCCL against tensorflow[and-cuda]) made and checked on this machine, with no GPU, in
+# a Debian trixie root with Debian's CUDA 12.4 and NCCL (docs/gpu_build.md). Needs root and mmdebstrap. Without
+# STACK= on the command line: the newest row (tf2.21), not the default row, whose Python is not trixie's.
+gpu-build-check:
+	bash scripts/gpu_build_check.sh $(if $(filter file default,$(origin STACK)),,$(STACK))
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

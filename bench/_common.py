@@ -7,7 +7,7 @@
   ``PYTHONPATH``);
 - ``machine``: date, cores, CPU model, load, versions (Python, TensorFlow, Keras, Horovod), the stack row and the
   git commit, recorded next to every result;
-- ``stack_row``: which row of the support matrix this Python is (tf2.15, tf2.20, keras3);
+- ``stack_row``: which row of the support matrix this Python is (tf2.15, tf2.21, keras3);
 - ``run_checked``: run a subprocess, raise with its output if it fails;
 - ``summarise``: median and min of repeated timings;
 - ``bootstrap_ci``: a 95% percentile bootstrap interval of a statistic of repeated timings;
@@ -106,7 +106,7 @@ def _keras_version():
 
 
 def stack_row():
-    """The support-matrix row this process runs on: "tf2.15", "tf2.20" (tf-keras) or "keras3" (TF's rule)."""
+    """The support-matrix row this process runs on: "tf2.15", "tf2.21" (tf-keras) or "keras3" (TF's rule)."""
     import tensorflow as tf
 
     import hvd_sched._compat as compat

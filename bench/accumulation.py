@@ -98,7 +98,7 @@ def _checksum(model):
 def worker(args):
     """Runs on every rank; rank 0 writes the timings and checks (a timeline run: Horovod writes the timelines)."""
     _common.limit_threads(1)
-    import hvd_sched.keras  # before Horovod's Keras layer (required on the tf2.20 row)
+    import hvd_sched.keras  # before Horovod's Keras layer (required on the tf2.21 row)
     import horovod.tensorflow as hvd
     import tensorflow as tf
 

@@ -291,7 +291,7 @@ def main(argv=None):
     if keras_major() == 3:
         # Each of the paper's workers normalises its own 32 samples: Keras 2's BatchNormalization(virtual_batch_size),
         # which Keras 3 does not have. The figures in docs/large_batch.json are Keras 2's (tf2.15 row).
-        parser.error("needs Keras 2 (BatchNormalization(virtual_batch_size=...)); run it on the tf2.15 or tf2.20 row")
+        parser.error("needs Keras 2 (BatchNormalization(virtual_batch_size=...)); run it on the tf2.15 or tf2.21 row")
     settings = dict(SETTINGS)
     if args.quick:
         settings.update(QUICK)

@@ -5,7 +5,7 @@ optimizer goes through ``hvd_sched.keras.DistributedOptimizer`` (on Keras 2 that
 ``hvd.DistributedOptimizer``). For the optimizer's cost without the model, measured with far less noise, see
 ``bench/apply_loop.py``; for a model with tens of ms per step, ``bench/conv_net.py``.
 
-Keras 2 (rows tf2.15 and tf2.20), all with ``SGD(momentum=0.9)``:
+Keras 2 (rows tf2.15 and tf2.21), all with ``SGD(momentum=0.9)``:
 
 - ``baseline``: constant LR;
 - ``horovod_callbacks``: Horovod's ``LearningRateWarmupCallback`` + ``LearningRateScheduleCallback`` (one per
@@ -207,7 +207,7 @@ def _build(name, keras, schedule, steps_per_epoch):
 def worker(args):
     """Runs on every rank; rank 0 writes the timings (or, for a timeline run, nothing: Horovod writes it)."""
     _common.limit_threads(1)
-    import hvd_sched.keras  # before Horovod's Keras layer (required on the tf2.20 row)
+    import hvd_sched.keras  # before Horovod's Keras layer (required on the tf2.21 row)
     import horovod.tensorflow as hvd
     import tensorflow as tf
 

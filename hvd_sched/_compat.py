@@ -36,9 +36,9 @@ _Row = collections.namedtuple("_Row", "python tensorflow tf_keras keras numpy ho
 # TensorFlow pins it itself, numpy spec, what Horovod needs).
 SUPPORTED_STACKS = {
     "tf2.15": _Row("3.11", "2.15.1", None, None, "numpy<2", "Horovod 0.28.1"),
-    "tf2.20": _Row("3.12", "2.20.0", "2.20.1", "3.15.1", "numpy>=1.26,<3",
+    "tf2.21": _Row("3.13", "2.21.0", "2.21.0", "3.15.1", "numpy>=1.26,<3",
                    "Horovod 0.28.1 built without xla_mpi_ops.cc, TF_USE_LEGACY_KERAS=1"),
-    "keras3": _Row("3.12", "2.20.0", None, "3.15.1", "numpy>=1.26,<3",
+    "keras3": _Row("3.13", "2.21.0", None, "3.15.1", "numpy>=1.26,<3",
                    "Horovod 0.28.1 built without xla_mpi_ops.cc, TF_USE_LEGACY_KERAS unset"),
 }
 _TF_DISTS = ("tensorflow", "tensorflow-cpu", "tensorflow-gpu", "tensorflow-intel", "tensorflow-macos", "tf-nightly")
@@ -183,7 +183,7 @@ def stack_problems(*, python, numpy, tensorflow, tf_keras, keras, horovod, horov
 def _install_command(python, legacy_keras=None):
     """The one command that installs the supported row for this Python (the default row otherwise).
 
-    Two rows share Python 3.12 (tf2.20 with tf-keras, keras3): the one whose Keras the environment asks for
+    Two rows share Python 3.13 (tf2.21 with tf-keras, keras3): the one whose Keras the environment asks for
     (TF_USE_LEGACY_KERAS) is named.
     """
     default = next(iter(SUPPORTED_STACKS))

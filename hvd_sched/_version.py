@@ -1,3 +1,3 @@
-"""Version of hvd_sched (read by setup.py without importing the package)."""
+"""Version of hvd_sched (pyproject.toml reads it without importing the package)."""
 
 __version__ = "0.1.0"

@@ -2,12 +2,12 @@
 names Keras gives variables, and the one layer a test needs that Keras 3 dropped (virtual batches in
 BatchNormalization). Importable without pytest (rank scripts import it)."""
 
-import hvd_sched._compat  # noqa: F401  (before Horovod: keras -> tf_keras on the tf2.20 row)
+import hvd_sched._compat  # noqa: F401  (before Horovod: keras -> tf_keras on the tf2.21 row)
 from hvd_sched._compat import keras_major
 
 __all__ = ["KERAS_MAJOR", "keras2_only", "variable_name", "batch_normalization", "names_pattern"]
 
-#: 2 on the tf2.15 and tf2.20 rows, 3 on the keras3 row.
+#: 2 on the tf2.15 and tf2.21 rows, 3 on the keras3 row.
 KERAS_MAJOR = keras_major()
 
 

@@ -1,8 +1,9 @@
-"""One source of truth for the pinned stacks: scripts/versions.env, setup.py, docker/ and the installed packages agree.
+"""One source of truth for the pinned stacks: scripts/versions.env, pyproject.toml, docker/ and the installed packages
+agree.
 
 Every row of the support matrix (STACKS in versions.env) is checked; the default row's pins are the unprefixed
-names, another row's are STACK_<row>_<NAME> there, <NAME>_<ROW> in setup.py and ARG HVD_SCHED_<NAME>_<row> in
-the Dockerfiles (row `tf2.20` -> `tf2_20`; the HVD_SCHED_ prefix because a base image's ENV of the same name,
+names, another row's are STACK_<row>_<NAME> there and ARG HVD_SCHED_<NAME>_<row> in the Dockerfiles (row
+`tf2.21` -> `tf2_21`; the HVD_SCHED_ prefix because a base image's ENV of the same name,
 e.g. the python images' PYTHON_VERSION=3.11.x, shadows a stage's ARG under podman/buildah). Nothing here builds
 an image (no Docker daemon on the development machines); it reads the files.
 """
@@ -13,8 +14,10 @@ import pathlib
 import re
 import subprocess
 import sys
+import tomllib
 
 import pytest
+from packaging.requirements import Requirement
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCKERFILES = {"gpu": ROOT / "docker" / "Dockerfile", "cpu": ROOT / "docker" / "Dockerfile.cpu"}
@@ -38,14 +41,24 @@ def _versions_env():
     return values
 
 
-def _setup_constant(name):
-    match = re.search(rf'^{name} = "([^"]+)"$', (ROOT / "setup.py").read_text(), re.MULTILINE)
-    assert match, f"setup.py has no {name} constant"
-    return match.group(1)
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+# The Pythons scripts/package_check.sh installs the wheel on without TensorFlow (CI): with the rows' own Pythons,
+# what requires-python may admit.
+PACKAGE_CHECK = ROOT / "scripts" / "package_check.sh"
 
 
-def _has_setup_constant(name):
-    return re.search(rf"^{name} = ", (ROOT / "setup.py").read_text(), re.MULTILINE) is not None
+def _package_check_pythons():
+    match = re.search(r'^PYTHONS="([^"]+)"', PACKAGE_CHECK.read_text(), re.MULTILINE)
+    assert match, "scripts/package_check.sh has no PYTHONS=\"...\" line"
+    return match.group(1).split()
+
+
+def _requirements():
+    """Every requirement of pyproject.toml: (extra or None, packaging Requirement)."""
+    found = [(None, Requirement(text)) for text in PYPROJECT["dependencies"]]
+    for extra, texts in PYPROJECT["optional-dependencies"].items():
+        found += [(extra, Requirement(text)) for text in texts]
+    return found
 
 
 def _dockerfile_args(path):
@@ -93,7 +106,7 @@ def _row_name(name, stack, upper=False):
 
 def _running_stack():
     """The row this interpreter belongs to: HVD_SCHED_STACK (the Makefile exports it), else the row whose virtual
-    environment this is (.venv, .venv-NAME), else by Python version and, where two rows share a Python (tf2.20,
+    environment this is (.venv, .venv-NAME), else by Python version and, where two rows share a Python (tf2.21,
     keras3), by TF_USE_LEGACY_KERAS."""
     if os.environ.get("HVD_SCHED_STACK") in STACKS:
         return os.environ["HVD_SCHED_STACK"]
@@ -114,15 +127,16 @@ def test_versions_env_pins_the_stack():
     assert ENV["NUMPY_SPEC"] == "numpy<2"  # TensorFlow 2.15 is built against numpy 1.x
 
 
-def test_setup_py_constants_equal_versions_env():
-    assert _setup_constant("TENSORFLOW_VERSION") == ENV["TENSORFLOW_VERSION"]
-    assert _setup_constant("HOROVOD_VERSION") == ENV["HOROVOD_VERSION"]
-    # python_requires spans exactly the rows' Pythons: from the default row's to the newest row's.
-    pythons = sorted({tuple(map(int, _row(stack)["PYTHON_VERSION"].split("."))) for stack in STACKS})
-    (low_major, low_minor), (high_major, high_minor) = pythons[0], pythons[-1]
-    assert f"{low_major}.{low_minor}" == ENV["PYTHON_VERSION"]
-    expected = f'python_requires=">={low_major}.{low_minor},<{high_major}.{high_minor + 1}"'
-    assert expected in (ROOT / "setup.py").read_text()
+def test_requires_python_spans_exactly_what_is_tested():
+    # From the oldest Python the wheel is installed and tested on (package_check.sh, the schedule half) to the
+    # newest row's; every row's Python is inside.
+    tested = {tuple(map(int, version.split("."))) for version in _package_check_pythons()}
+    tested |= {tuple(map(int, _row(stack)["PYTHON_VERSION"].split("."))) for stack in STACKS}
+    (low_major, low_minor), (high_major, high_minor) = min(tested), max(tested)
+    assert PYPROJECT["requires-python"] == f">={low_major}.{low_minor},<{high_major}.{high_minor + 1}"
+    listed = {c.rsplit(" :: ", 1)[-1] for c in PYPROJECT["classifiers"]
+              if c.startswith("Programming Language :: Python :: 3.")}
+    assert listed == {f"{major}.{minor}" for major, minor in tested}
 
 
 def test_stacks_rows_are_complete_and_the_default_is_first():
@@ -159,35 +173,42 @@ def test_stack_sh_resolves_rows_as_this_test_does(stack):
     assert venv == (".venv" if stack == DEFAULT else f".venv-{stack}")
 
 
-def test_the_keras3_row_is_keras_3_on_the_tf2_20_rows_horovod_wheel():
-    keras3, tf2_20 = _row("keras3"), _row("tf2.20")
+def test_the_keras3_row_is_keras_3_on_the_tf2_21_rows_horovod_wheel():
+    keras3, tf2_21 = _row("keras3"), _row("tf2.21")
     assert keras3["LEGACY_KERAS"] == "0" and keras3["TF_KERAS_VERSION"] == "" and keras3["KERAS_VERSION"] == "3.15.1"
     # install.sh's wheel key is made of these and nothing row-specific, so the two rows share one built wheel
-    # (horovod-0.28.1-noxla-tf2.20.0-py3.12-gloo-x86_64).
+    # (horovod-0.28.1-noxla-tf2.21.0-py3.13-gloo-x86_64).
     for var in ("PYTHON_VERSION", "TENSORFLOW_VERSION", "HOROVOD_VERSION", "HOROVOD_NO_XLA", "KERAS_VERSION"):
-        assert keras3[var] == tf2_20[var], var
+        assert keras3[var] == tf2_21[var], var
     key_line = next(line for line in (ROOT / "scripts" / "install.sh").read_text().splitlines()
                     if line.startswith("key="))
     assert set(re.findall(r"\$(\w+)", key_line)) == {"HOROVOD_VERSION", "src_change", "TENSORFLOW_VERSION",
                                                      "PYTHON_VERSION", "hvd_ops"}, key_line
 
 
-@pytest.mark.parametrize("stack", [stack for stack in STACKS if stack != DEFAULT])
-def test_setup_py_pins_every_newer_row(stack):
+def test_pyproject_never_installs_tensorflow_tf_keras_or_horovod():
+    """A user's tensorflow / tensorflow-cpu / tensorflow[and-cuda] is kept: naming any TensorFlow distribution (or
+    tf-keras, which depends on `tensorflow`) would make pip add a second copy of the module; Horovod must be built
+    against the installed TensorFlow. Ranges only, never ==."""
+    for extra, requirement in _requirements():
+        name = requirement.name.lower().replace("_", "-")
+        assert not (name.startswith("tensorflow") or name in ("tf-keras", "tf-nightly", "horovod")), (extra, name)
+        assert all(spec.operator not in ("==", "===") for spec in requirement.specifier), (extra, str(requirement))
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_pyproject_admits_every_rows_pins(stack):
+    """The pins scripts/install.sh installs for a row satisfy the package's own ranges, so pip keeps them."""
     row = _row(stack)
-    assert _setup_constant(_row_name("TENSORFLOW_VERSION", stack, upper=True)) == row["TENSORFLOW_VERSION"]
-    for var in ("TF_KERAS_VERSION", "KERAS_VERSION"):
-        name = _row_name(var, stack, upper=True)
-        if row[var]:
-            assert _setup_constant(name) == row[var], name
-        else:
-            assert not _has_setup_constant(name), f"setup.py has {name}, versions.env row {stack} pins no {var}"
-    assert f"python_version >= '{row['PYTHON_VERSION']}'" in (ROOT / "setup.py").read_text()
-
-
-def test_setup_py_keeps_numpy_below_2_for_the_default_row():
-    text = (ROOT / "setup.py").read_text()
-    assert '_PY311 = "python_version < \'3.12\'"' in text and 'f"numpy<2; {_PY311}"' in text
+    requirements = {requirement.name: requirement for _, requirement in _requirements()}
+    numpy_row = Requirement(row["NUMPY_SPEC"])
+    # numpy 1.26 (TensorFlow 2.15's) and a numpy 2, where the row's own range takes them.
+    for numpy in ("1.26.4", "2.3.5"):
+        if numpy_row.specifier.contains(numpy):
+            assert requirements["numpy"].specifier.contains(numpy), (stack, numpy)
+    if row["KERAS_VERSION"] and row["LEGACY_KERAS"] == "0":
+        [keras] = [Requirement(text) for text in PYPROJECT["optional-dependencies"]["keras3"]]
+        assert keras.name == "keras" and keras.specifier.contains(row["KERAS_VERSION"]), stack
 
 
 @pytest.mark.parametrize("kind", sorted(DOCKERFILES))

@@ -17,7 +17,7 @@ The same names on Keras 2 (TensorFlow 2.15's `tf.keras`, tf-keras) and Keras 3 (
   `RankConsistencyCheck`, `DistributedCheck`, `ElasticLRScaler` / `elastic_state`.
 
 Example:
-    >>> import hvd_sched, hvd_sched.keras  # first: it checks the stack (on the tf2.20 row: keras -> tf_keras)
+    >>> import hvd_sched, hvd_sched.keras  # first: it checks the stack (on the tf2.21 row: keras -> tf_keras)
     >>> import tensorflow as tf, horovod.tensorflow.keras as hvd
     >>> from hvd_sched.keras import DistributedOptimizer, ScheduledOptimizer, horovod_callbacks
     >>> hvd.init()

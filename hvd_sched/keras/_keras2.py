@@ -1,4 +1,4 @@
-"""Every Keras 2 internal hvd_sched relies on (tf.keras 2.15, tf-keras 2.20), in one place.
+"""Every Keras 2 internal hvd_sched relies on (tf.keras 2.15, tf-keras 2.20 and 2.21), in one place.
 
 Keras 2 here means the TF 2.11+ optimizers (`tf.keras.optimizers.*`: `update_step(gradient, variable)`, slots in
 `optimizer.momentums`, per-variable XLA in `_update_step_xla`) and the legacy OptimizerV2 ones

@@ -2,7 +2,7 @@
 
 The pure checks run on every row; the subprocess checks use this row's real TensorFlow and Horovod (Keras 3 and
 the import order matter only on TensorFlow >= 2.16 and are skipped on the default row; both newer rows have
-keras 3.15.1 installed, so the Keras 3 checks run on tf2.20 with TF_USE_LEGACY_KERAS unset as well as on keras3).
+keras 3.15.1 installed, so the Keras 3 checks run on tf2.21 with TF_USE_LEGACY_KERAS unset as well as on keras3).
 """
 
 import os
@@ -22,6 +22,8 @@ TF2_15 = dict(python="3.11.9", numpy="1.26.4", tensorflow="2.15.1", tf_keras=Non
               horovod_tf="2.15.1", legacy_keras=None)
 TF2_20 = dict(python="3.12.1", numpy="2.1.3", tensorflow="2.20.0", tf_keras="2.20.1", keras="3.15.1", horovod="0.28.1",
               horovod_tf="2.20.0", legacy_keras="1")
+TF2_21 = dict(python="3.13.0", numpy="2.3.5", tensorflow="2.21.0", tf_keras="2.21.0", keras="3.15.1", horovod="0.28.1",
+              horovod_tf="2.21.0", legacy_keras="1")
 KERAS3 = dict(TF2_20, tf_keras=None, legacy_keras=None)
 
 
@@ -29,7 +31,8 @@ def _stack(base, **changes):
     return dict(base, **changes)
 
 
-@pytest.mark.parametrize("stack", [TF2_15, TF2_20, _stack(TF2_15, legacy_keras="1"),
+@pytest.mark.parametrize("stack", [TF2_15, TF2_20, TF2_21, _stack(TF2_21, legacy_keras=None, tf_keras=None),
+                                   _stack(TF2_21, python="3.10.13"), _stack(TF2_15, legacy_keras="1"),
                                    _stack(TF2_20, legacy_keras="true"), _stack(TF2_20, numpy="1.26.4"),
                                    KERAS3, _stack(KERAS3, legacy_keras="0"), _stack(KERAS3, legacy_keras="false"),
                                    _stack(KERAS3, tf_keras="2.20.1"), _stack(KERAS3, tensorflow="2.21.0",
@@ -105,9 +108,9 @@ def test_keras_major_is_public():
 
 @pytest.mark.parametrize("python, command", [
     ("3.11.9", "bash scripts/install.sh .venv"),
-    # TF_USE_LEGACY_KERAS unset asks for Keras 3: of the two Python 3.12 rows, keras3.
-    ("3.12.1", "HVD_SCHED_STACK=keras3 bash scripts/install.sh .venv-keras3"),
-    ("3.13.0", "bash scripts/install.sh .venv"),
+    ("3.12.1", "bash scripts/install.sh .venv"),
+    # TF_USE_LEGACY_KERAS unset asks for Keras 3: of the two Python 3.13 rows, keras3.
+    ("3.13.0", "HVD_SCHED_STACK=keras3 bash scripts/install.sh .venv-keras3"),
 ])
 def test_message_says_found_supported_and_the_install_command(python, command):
     found = _stack(TF2_20, python=python, legacy_keras=None, keras=None)
@@ -115,15 +118,15 @@ def test_message_says_found_supported_and_the_install_command(python, command):
     assert message.startswith("hvd_sched.keras cannot run on this stack:\n  - TensorFlow 2.20.0 makes tf.keras")
     assert f"Found: python={python}, numpy=2.1.3, tensorflow=2.20.0, tf_keras=2.20.1, keras=None" in message
     assert "tf2.15: Python 3.11, TensorFlow 2.15.1 (Keras 2 built in), numpy<2, Horovod 0.28.1" in message
-    assert "tf2.20: Python 3.12, TensorFlow 2.20.0 + tf-keras 2.20.1" in message
-    assert ("keras3: Python 3.12, TensorFlow 2.20.0 + Keras 3.15.1, numpy>=1.26,<3, Horovod 0.28.1 built without "
+    assert "tf2.21: Python 3.13, TensorFlow 2.21.0 + tf-keras 2.21.0" in message
+    assert ("keras3: Python 3.13, TensorFlow 2.21.0 + Keras 3.15.1, numpy>=1.26,<3, Horovod 0.28.1 built without "
             "xla_mpi_ops.cc, TF_USE_LEGACY_KERAS unset") in message
     assert message.endswith(f"Install a supported stack from a checkout of hvd_sched: {command}")
 
 
-@pytest.mark.parametrize("legacy_keras, row", [("1", "tf2.20"), ("true", "tf2.20"), (None, "keras3"), ("0", "keras3")])
-def test_install_command_picks_the_python_3_12_row_the_environment_asks_for(legacy_keras, row):
-    found = _stack(TF2_20, tf_keras=None, keras=None, legacy_keras=legacy_keras)
+@pytest.mark.parametrize("legacy_keras, row", [("1", "tf2.21"), ("true", "tf2.21"), (None, "keras3"), ("0", "keras3")])
+def test_install_command_picks_the_python_3_13_row_the_environment_asks_for(legacy_keras, row):
+    found = _stack(TF2_21, tf_keras=None, keras=None, legacy_keras=legacy_keras)
     message = _compat._message(_compat.stack_problems(**found), found)
     assert message.endswith(f"HVD_SCHED_STACK={row} bash scripts/install.sh .venv-{row}")
 
@@ -155,7 +158,7 @@ def test_this_row_is_supported_and_horovod_sees_its_keras():
     import horovod.tensorflow.keras  # noqa: F401
 
     keras = sys.modules["keras"]
-    # What Horovod's Keras layer imports as `keras` is the Keras that tf.keras is (Keras 2 on the tf2.15 and tf2.20
+    # What Horovod's Keras layer imports as `keras` is the Keras that tf.keras is (Keras 2 on the tf2.15 and tf2.21
     # rows, Keras 3 on keras3).
     assert keras.__version__.startswith(f"{_compat.keras_major()}."), keras.__version__
     assert tf.keras.optimizers.SGD.__module__.split(".")[0] == keras.__name__.split(".")[0]
@@ -173,7 +176,7 @@ def _run(code, path=(), **env_changes):
 _NEWER_ROW = pytest.mark.skipif(_compat._major_minor(_compat.installed_stack()["tensorflow"]) < (2, 16),
                                 reason="Keras 3 as tf.keras exists only on TensorFlow >= 2.16")
 _TF_KERAS_ROW = pytest.mark.skipif(_compat.installed_stack()["tf_keras"] is None,
-                                   reason="Keras 2 through TF_USE_LEGACY_KERAS=1 needs tf-keras (the tf2.20 row)")
+                                   reason="Keras 2 through TF_USE_LEGACY_KERAS=1 needs tf-keras (the tf2.21 row)")
 
 
 def _fake_keras_2(tmp_path):
