@@ -2,9 +2,9 @@
 # The package as users get it (CI runs this; seconds per Python, plus the first downloads):
 #
 #   bash scripts/package_check.sh                  build, check, and install on PYTHONS without TensorFlow
-#   bash scripts/package_check.sh --row NAME       then install the wheel (not editable) into row NAME's venv,
-#                                                  check that no other package moved, run the demo from outside
-#                                                  the repository, and put the editable install back
+#   bash scripts/package_check.sh --row NAME ...   then, for each row, install the wheel (not editable) into the
+#                                                  row's venv, check that no other package moved, run the demo
+#                                                  from outside the repository, and put the editable install back
 #
 # 1. builds the wheel and the sdist from pyproject.toml (python -m build, in a tool venv), checks their metadata
 #    (twine check --strict) and their contents (the package and its metadata; no tests, no scripts);
@@ -29,12 +29,13 @@ root="$(cd "$here/.." && pwd)"
 die() { echo "package_check.sh: ERROR: $*" >&2; exit 1; }
 step() { echo "package_check.sh: $*"; }
 
-row=""
-case "${1:-}" in
-  --row) row="${2:?--row needs a row name}"; load_stack "$row" || exit 1 ;;
-  "") ;;
-  *) die "unknown argument '$1' (usage: package_check.sh [--row NAME])" ;;
-esac
+rows=()
+while [ "$#" -gt 0 ]; do
+  case "$1" in
+    --row) [ -n "${2:-}" ] || die "--row needs a row name"; load_stack "$2" || exit 1; rows+=("$2"); shift 2 ;;
+    *) die "unknown argument '$1' (usage: package_check.sh [--row NAME ...])" ;;
+  esac
+done
 
 find_python() {  # python3.X on PATH that runs, else pyenv's build of it (as scripts/install.sh looks)
   local version="$1" cand
@@ -109,32 +110,40 @@ done
 cmp -s "$work/show-${PYTHONS%% *}.txt" "$work/show-${PYTHONS##* }.txt" \
   || die "hvd-sched show prints different schedules on Python ${PYTHONS%% *} and ${PYTHONS##* }"
 
-# 3. The wheel in a row's training environment.
-if [ -n "$row" ]; then
-  venv="$root/$(stack_venv "$row")"
-  py="$venv/bin/python"
+# 3. The wheel in a row's training environment (a subshell per row: its pins, its TF_USE_LEGACY_KERAS).
+check_row() {
+  local row="$1"
+  load_stack "$row"
+  local venv="$root/$(stack_venv "$row")"
+  local py="$venv/bin/python" demo_dir="$work/demo-$row" finals
   [ -x "$py" ] || die "row $row has no venv at $venv (make install STACK=$row)"
   if [ "$LEGACY_KERAS" = 1 ]; then export TF_USE_LEGACY_KERAS=1; else unset TF_USE_LEGACY_KERAS; fi
-  restore() { pipq "$py" install --no-deps -e "$root" || echo "package_check.sh: WARNING: could not restore the editable install in $venv" >&2; }
-  trap 'restore; rm -rf "$work"' EXIT
-  pipq "$py" freeze --exclude-editable | grep -iv '^hvd.sched' | sort > "$work/freeze-before.txt"
+  pipq "$py" freeze --exclude-editable | grep -iv '^hvd.sched' | sort > "$work/freeze-before-$row.txt"
   pipq "$py" uninstall -y hvd_sched
+  # Whatever happens next, the row's venv gets its editable install back (make test runs from it).
+  trap 'pipq "$py" install --no-deps -e "$root" > /dev/null 2>&1 || echo "package_check.sh: WARNING: could not restore the editable install in $venv" >&2' EXIT
   pipq "$py" install "$wheel" || die "row $row: pip install of the wheel failed"
-  pipq "$py" freeze | grep -iv '^hvd.sched' | sort > "$work/freeze-after.txt"
-  diff "$work/freeze-before.txt" "$work/freeze-after.txt" >&2 \
+  pipq "$py" freeze | grep -iv '^hvd.sched' | sort > "$work/freeze-after-$row.txt"
+  diff "$work/freeze-before-$row.txt" "$work/freeze-after-$row.txt" >&2 \
     || die "row $row: installing the wheel changed other packages (above)"
-  cp "$root/examples/train_keras.py" "$demo_config" "$outside/"
-  (cd "$outside"
-   "$py" -c "import hvd_sched, sys; assert hvd_sched.__file__.startswith(sys.prefix), hvd_sched.__file__" \
-     || die "row $row: hvd_sched was not imported from the installed wheel"
-   OMP_NUM_THREADS=1 TF_NUM_INTRAOP_THREADS=1 TF_NUM_INTEROP_THREADS=1 TF_CPP_MIN_LOG_LEVEL=2 \
-     "$venv/bin/horovodrun" -np 2 -H localhost:2 --gloo "$py" train_keras.py \
-     --config digits_warmup_steps.yaml --epochs 8 --out "$outside/demo" > "$work/demo.txt" 2>&1 \
-     || { tail -n 40 "$work/demo.txt" >&2; die "row $row: the demo failed with the installed wheel"; }
-  ) || exit 1
-  finals="$(grep -o 'rank [01]: final val accuracy [0-9.]*' "$work/demo.txt" | sort)"
+  mkdir -p "$demo_dir"
+  cp "$root/examples/train_keras.py" "$demo_config" "$demo_dir/"
+  cd "$demo_dir"
+  "$py" -c "import hvd_sched, sys; assert hvd_sched.__file__.startswith(sys.prefix), hvd_sched.__file__" \
+    || die "row $row: hvd_sched was not imported from the installed wheel"
+  OMP_NUM_THREADS=1 TF_NUM_INTRAOP_THREADS=1 TF_NUM_INTEROP_THREADS=1 TF_CPP_MIN_LOG_LEVEL=2 \
+    "$venv/bin/horovodrun" -np 2 -H localhost:2 --gloo "$py" train_keras.py \
+    --config digits_warmup_steps.yaml --epochs 8 --out "$demo_dir/out" > "$demo_dir/demo.txt" 2>&1 \
+    || { tail -n 40 "$demo_dir/demo.txt" >&2; die "row $row: the demo failed with the installed wheel"; }
+  finals="$(grep -o 'rank [01]: final val accuracy [0-9.]*' "$demo_dir/demo.txt" | sort)"
   [ "$(echo "$finals" | wc -l)" = 2 ] && [ "$(echo "$finals" | awk '{print $NF}' | sort -u | wc -l)" = 1 ] \
-    || { cat "$work/demo.txt" >&2; die "row $row: the two ranks did not end with the same accuracy"; }
-  step "row $row: the wheel installed beside TensorFlow $TENSORFLOW_VERSION (no other package changed); demo from $outside: $(echo "$finals" | tr '\n' ' ')"
-fi
+    || { cat "$demo_dir/demo.txt" >&2; die "row $row: the two ranks did not end with the same accuracy"; }
+  step "row $row: the wheel installed beside TensorFlow $TENSORFLOW_VERSION, no other package changed; the demo" \
+    "from $demo_dir: $(echo "$finals" | tr '\n' ' ')"
+}
+for row in "${rows[@]}"; do
+  start=$(date +%s)
+  (check_row "$row") || exit 1
+  step "row $row: $(( $(date +%s) - start )) s"
+done
 step "OK"

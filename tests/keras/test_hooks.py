@@ -1,5 +1,12 @@
 """Every Keras/TensorFlow internal hvd_sched relies on, named: when a Keras release changes one, a test here fails
-and says which (the public modules reach them only through hvd_sched/keras/_keras2.py or _keras3.py)."""
+and says which (the public modules reach them only through hvd_sched/keras/_keras2.py or _keras3.py).
+
+TensorFlow 2.20 -> 2.21 (the tf-keras and Keras 3 rows moved on 2026-12-04): every hook below holds on both.
+tf-keras 2.21.0 differs from 2.20.1 in 12 files (engine/data_adapter.py skips None entries, functional and input
+layers, softmax, multi-head attention, protobufs), none under optimizers/, callbacks, mixed_precision or the
+train step; Keras 3 stays 3.15.1. TensorFlow 2.21 no longer depends on tensorboard (Keras' TensorBoard callback
+then fails at the first batch: examples/train_keras.py checks for it).
+"""
 
 import ast
 import inspect
