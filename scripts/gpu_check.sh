@@ -8,14 +8,19 @@
 # (the output folder, default runs/gpu_check), HVD_SCHED_CACHE (as for install.sh).
 #
 # Steps, each of which stops the script with its log on failure (set -euo pipefail):
-#   1. install the GPU row: HVD_SCHED_GPU=1 scripts/install.sh (tensorflow[and-cuda], Horovod with NCCL);
-#   2. `horovodrun --check-build` must list TensorFlow, Gloo and NCCL;
+#   1. install the GPU row: HVD_SCHED_GPU=1 scripts/install.sh (tensorflow[and-cuda], Horovod with NCCL; it needs
+#      a CUDA toolkit with NCCL headers: a CUDA devel image, or Debian trixie's packages, see docs/gpu_build.md);
+#   2. `horovodrun --check-build` must list TensorFlow, Gloo and NCCL; hvd.nccl_built() and hvd.cuda_built();
 #   3. TensorFlow must see every GPU that nvidia-smi lists;
-#   4. the Keras and multi-rank tests (tests/keras, tests/multirank; their jobs run under horovodrun);
-#   5. examples/train_keras.py with `horovodrun -np <GPUs>`, one GPU per rank;
+#   4. the GPU-default tests on the GPU (tests/keras/test_gpu_defaults.py, tests/multirank/
+#      test_gpu_defaults_ranks.py: Keras 2's per-variable XLA update, which Keras turns on by itself when a GPU
+#      is visible, and mixed_float16), then all Keras and multi-rank tests (tests/keras, tests/multirank);
+#   5. examples/train_keras.py with `horovodrun -np <GPUs>`, one GPU per rank, with a Horovod timeline: every
+#      rank must end at the same accuracy, and the timeline must hold NCCL_ALLREDUCE activities (NCCL, not Gloo,
+#      carried the gradients' allreduce; Gloo only coordinates);
 #   6. bench/overhead.py --quick (1 and 2 ranks).
 # Writes OUT/summary.json: machine, GPUs, versions, each step's status, seconds and log, and the pytest counts,
-# the example's last line and the benchmark's result. Exit status 0 only if every step passed.
+# the example's accuracies and NCCL evidence, and the benchmark's result. Exit status 0 only if every step passed.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -44,7 +49,7 @@ import json, os, platform, sys
 out = os.environ["OUT"]
 steps = [json.loads(line) for line in open(os.path.join(out, "steps.jsonl")) if line.strip()]
 extra = {}
-for name in ("pytest", "example", "bench", "versions"):
+for name in ("pytest", "gpu_defaults", "example", "bench", "versions", "built"):
     path = os.path.join(out, f"{name}.result")
     if os.path.exists(path):
         text = open(path).read().strip()
@@ -95,6 +100,16 @@ check_build() {
 }
 step check_build check_build
 
+built() {
+  "$py" -c "
+import json, sys
+import horovod.tensorflow as hvd
+built = {name: getattr(hvd, name)() for name in ('nccl_built', 'cuda_built', 'gloo_built')}
+print(json.dumps(built))
+sys.exit(not all(built.values()))" | tee "$out/built.result"
+}
+step built built
+
 tf_sees_gpus() {
   "$py" -c "
 import json, sys
@@ -108,25 +123,53 @@ sys.exit(len(seen) != $gpus)" | tail -n 1 | tee "$out/versions.result"
 }
 step tensorflow_gpus tf_sees_gpus
 
-keras_tests() {
-  "$py" -m pytest tests/keras tests/multirank -q -p no:cacheprovider --junitxml="$out/junit.xml"
-  local rc=$?
-  "$py" - "$out/junit.xml" > "$out/pytest.result" <<'EOF'
+junit_counts() {  # junit_counts XML: the pytest counts as one JSON line
+  "$py" - "$1" <<'EOF'
 import json, sys, xml.etree.ElementTree as ET
 root = ET.parse(sys.argv[1]).getroot()
 suite = root if root.tag == "testsuite" else root.find("testsuite")
 print(json.dumps({key: int(suite.get(key, 0)) for key in ("tests", "failures", "errors", "skipped")}))
 EOF
+}
+
+# The defaults a GPU turns on (issue 19), first and on their own: a failure here is the GPU's, not the suite's.
+gpu_defaults() {
+  local rc=0
+  "$py" -m pytest tests/keras/test_gpu_defaults.py tests/multirank/test_gpu_defaults_ranks.py -q \
+    -p no:cacheprovider --junitxml="$out/gpu_defaults.xml" || rc=$?
+  junit_counts "$out/gpu_defaults.xml" > "$out/gpu_defaults.result"
+  return $rc
+}
+step gpu_defaults gpu_defaults
+
+keras_tests() {
+  local rc=0
+  "$py" -m pytest tests/keras tests/multirank -q -p no:cacheprovider --junitxml="$out/junit.xml" || rc=$?
+  junit_counts "$out/junit.xml" > "$out/pytest.result"
   return $rc
 }
 step keras_tests keras_tests
 
+# One GPU per rank; the timeline records which backend ran each allreduce.
 example() {
-  "$hvdrun" -np "$gpus" -H "localhost:$gpus" --gloo "$py" examples/train_keras.py \
-    --config examples/configs/digits_warmup_steps.yaml --epochs 8 --out "$out/example"
-  local rc=$?
-  grep -v '^\s*$' "$out/example.log" | tail -n 1 \
-    | "$py" -c "import json, sys; print(json.dumps(sys.stdin.read().strip()))" > "$out/example.result"
+  local rc=0
+  rm -f "$out/timeline.json"
+  "$hvdrun" -np "$gpus" -H "localhost:$gpus" --gloo --timeline-filename "$out/timeline.json" "$py" \
+    examples/train_keras.py --config examples/configs/digits_warmup_steps.yaml --epochs 8 --out "$out/example" \
+    || rc=$?
+  "$py" - "$out/example.log" "$out/timeline.json" "$gpus" > "$out/example.result" <<'EOF' || rc=$?
+import json, os, re, sys
+log, timeline, gpus = sys.argv[1], sys.argv[2], int(sys.argv[3])
+text = open(log).read()
+accuracy = {int(rank): value for rank, value in re.findall(r"rank (\d+): final val accuracy ([0-9.]+)", text)}
+events = open(timeline).read() if os.path.exists(timeline) else ""
+result = {"last_line": [line for line in text.splitlines() if line.strip()][-1:], "accuracy": accuracy,
+          "ranks_identical": len(accuracy) == gpus and len(set(accuracy.values())) == 1,
+          "nccl_allreduce_events": events.count('"NCCL_ALLREDUCE"'),
+          "gloo_allreduce_events": events.count('"GLOO_ALLREDUCE"')}
+print(json.dumps(result))
+sys.exit(not (result["ranks_identical"] and result["nccl_allreduce_events"] > 0))
+EOF
   return $rc
 }
 step example example

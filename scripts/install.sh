@@ -8,7 +8,10 @@
 #   HVD_SCHED_CACHE     wheel cache folder (default ~/.cache/hvd_sched); the Horovod wheel built here is kept
 #                       in it, keyed by Horovod version, TensorFlow version, Python, build flags and the
 #                       one source change (-noxla), so a second run skips the 4-8 minute build.
-#   HVD_SCHED_GPU=1     build Horovod with HOROVOD_GPU_OPERATIONS=NCCL against tensorflow[and-cuda] (Docker GPU).
+#   HVD_SCHED_GPU=1     build Horovod with HOROVOD_GPU_OPERATIONS=NCCL against tensorflow[and-cuda] (Docker GPU,
+#                       scripts/gpu_build_check.sh); no GPU or driver is needed to build. The CUDA toolkit is the
+#                       first of HVD_SCHED_CUDA_HOME, CUDA_HOME, /usr/local/cuda, /usr (Debian's nvidia-cuda-toolkit)
+#                       whose nvcc has the row's CUDA major version (docs/gpu_build.md).
 #   HVD_SCHED_SYSTEM=1  install into the current Python instead of a virtual environment (Docker images).
 set -euo pipefail
 
@@ -114,7 +117,18 @@ if [ "$LEGACY_KERAS" = 1 ]; then export TF_USE_LEGACY_KERAS=1; else unset TF_USE
 hvd_ops="gloo"; hvd_env=(HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1
   HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1)
 if [ "$gpu" = 1 ]; then
-  hvd_ops="nccl"; hvd_env+=(HOROVOD_GPU_OPERATIONS=NCCL)
+  # shellcheck source=gpu_toolkit.sh
+  . "$here/gpu_toolkit.sh"
+  find_cuda_toolkit "${CUDA_VERSION%%.*}" || die "$cuda_error"
+  step "CUDA toolkit: nvcc $cuda_release in $cuda_home, NCCL $nccl_version ($nccl_header), host compiler $cuda_cxx"
+  # The NCCL library is linked shared and found at run time next to TensorFlow's own (nvidia-nccl-cu12, the
+  # RUNPATH set below): one NCCL in the process, the one TensorFlow requires. The CUDA runtime stays Horovod's
+  # default, cudart_static of the toolkit above. The key names the toolkit (-cuda12.4): the kernels are its nvcc's.
+  hvd_ops="nccl-cuda$cuda_release"
+  # -include stdexcept: Horovod 0.28.1's common.h uses std::logic_error without including <stdexcept>, which
+  # libstdc++ 13 no longer brings in by itself (GCC 13, what nvcc 12.4 takes on trixie); harmless on older GCC.
+  hvd_env+=(HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_LINK=SHARED HOROVOD_CUDA_HOME="$cuda_home"
+    CC="$cuda_cc" CXX="$cuda_cxx" CXXFLAGS="${CXXFLAGS:-} -include stdexcept")
 fi
 # The one change to Horovod's sources some rows need: TensorFlow >= 2.19 moved the XLA headers that
 # horovod/tensorflow/xla_mpi_ops.cc includes (Horovod's XLA ops, which hvd_sched does not use), so that file is
@@ -125,7 +139,12 @@ wheel_dir="$cache/wheels/$key"
 have_hvd() { "$py" -c "import importlib.metadata as m, sys; sys.exit(m.version('horovod') != '$HOROVOD_VERSION')" 2>/dev/null; }
 if ! have_hvd; then
   if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
-    step "building Horovod $HOROVOD_VERSION$src_change against TensorFlow $TENSORFLOW_VERSION ($hvd_ops); 4-8 minutes on 2 cores"
+    minutes="4-8"; [ "$gpu" = 1 ] && minutes="10-15"  # nvcc compiles the kernels for sm_50 ... sm_90 twice
+    step "building Horovod $HOROVOD_VERSION$src_change against TensorFlow $TENSORFLOW_VERSION ($hvd_ops); $minutes minutes on 2 cores"
+# GPU builds only: where TensorFlow no longer exports AsGpuStreamValue (TF 2.21), Horovod's TensorFlow ops get their
+# CUDA stream through the Stream's own accessor instead (scripts/gpu_toolkit.sh; the key says -sehandle).
+stream_patch=0
+if [ "$gpu" = 1 ] && tf_lacks_as_gpu_stream_value "$py"; then stream_patch=1; src_change+="-sehandle"; fi
     pip install -q cmake==3.27.9 2>/dev/null || true
     rm -rf "$wheel_dir.tmp" && mkdir -p "$wheel_dir.tmp"
     log="$cache/horovod-build-$key.log"
@@ -136,8 +155,13 @@ if ! have_hvd; then
         || die "could not download the horovod $HOROVOD_VERSION sdist"
       tar -xzf "$src_dir/horovod-$HOROVOD_VERSION.tar.gz" -C "$src_dir"
       hvd_src="$src_dir/horovod-$HOROVOD_VERSION"
-      sed -i '/xla_mpi_ops.cc/d' "$hvd_src/horovod/tensorflow/CMakeLists.txt"
-      ! grep -q xla_mpi_ops "$hvd_src/horovod/tensorflow/CMakeLists.txt" || die "xla_mpi_ops.cc is still in the build"
+      if [ "$HOROVOD_NO_XLA" = 1 ]; then
+        sed -i '/xla_mpi_ops.cc/d' "$hvd_src/horovod/tensorflow/CMakeLists.txt"
+        ! grep -q xla_mpi_ops "$hvd_src/horovod/tensorflow/CMakeLists.txt" || die "xla_mpi_ops.cc is still in the build"
+      fi
+      if [ "$stream_patch" = 1 ]; then
+        patch_stream_handle "$py" "$hvd_src" || die "could not patch AsGpuStreamValue in Horovod's mpi_ops.cc"
+      fi
     fi
     env "${hvd_env[@]}" MAKEFLAGS="-j$(nproc)" PIP_CONSTRAINT="$constraints" \
       "$py" -m pip --disable-pip-version-check wheel --no-build-isolation --no-deps --no-cache-dir \
@@ -150,6 +174,10 @@ if ! have_hvd; then
   fi
   pip install -q "$wheel_dir"/horovod-*.whl || die "installing the cached Horovod wheel failed (delete $wheel_dir to rebuild)"
 fi
+    if [ "$gpu" = 1 ]; then
+      set_nccl_runpath "$py" "$wheel_dir.tmp" >> "$log" 2>&1 \
+        || { tail -n 20 "$log" >&2; die "setting the NCCL RUNPATH in the Horovod wheel failed; log in $log"; }
+    fi
 
 # The check the foundation issue asks for: Horovod must have been built with TensorFlow and Gloo.
 hvdrun="$(dirname "$py")/horovodrun"
@@ -167,6 +195,8 @@ fi
 "$py" -c "import sys
 if '$LEGACY_KERAS' == '1':
     import tf_keras; sys.modules['keras'] = tf_keras
+  "$py" -c "import horovod.tensorflow as hvd, sys; sys.exit(not (hvd.nccl_built() and hvd.cuda_built()))" \
+    || die "Horovod's TensorFlow library reports nccl_built/cuda_built false (delete $wheel_dir and rerun)"
 import horovod.tensorflow.keras as hvd
 if '$LEGACY_KERAS' != '1' and '$KERAS_VERSION':
     import tensorflow as tf
