@@ -47,6 +47,12 @@ else
   done
   [ -n "$py_base" ] || die "Python $PYTHON_VERSION is required for stack $STACK (TensorFlow $TENSORFLOW_VERSION," \
     "Horovod $HOROVOD_VERSION) and none was found (python$PYTHON_VERSION, pyenv, python3)"
+  # A venv left by an earlier pin of the row (e.g. keras3 on Python 3.12 before the row moved to 3.13) is made anew.
+  if [ -x "$venv/bin/python" ] && ! "$venv/bin/python" -c \
+      "import sys; sys.exit('%d.%d' % sys.version_info[:2] != '$PYTHON_VERSION')" 2>/dev/null; then
+    step "$venv is not Python $PYTHON_VERSION (stack $STACK): making it anew"
+    rm -rf "$venv"
+  fi
   if [ ! -x "$venv/bin/python" ]; then
     step "creating virtual environment $venv"
     "$py_base" -m venv "$venv" || die "could not create $venv (is the python3-venv package installed?)"
@@ -121,9 +127,10 @@ if [ "$gpu" = 1 ]; then
   . "$here/gpu_toolkit.sh"
   find_cuda_toolkit "${CUDA_VERSION%%.*}" || die "$cuda_error"
   step "CUDA toolkit: nvcc $cuda_release in $cuda_home, NCCL $nccl_version ($nccl_header), host compiler $cuda_cxx"
-  # The NCCL library is linked shared and found at run time next to TensorFlow's own (nvidia-nccl-cu12, the
-  # RUNPATH set below): one NCCL in the process, the one TensorFlow requires. The CUDA runtime stays Horovod's
-  # default, cudart_static of the toolkit above. The key names the toolkit (-cuda12.4): the kernels are its nvcc's.
+  # NCCL is linked shared and found at run time as TensorFlow's own (nvidia-nccl-cu12, the RUNPATH set below); the
+  # library's CUDA runtime calls stay undefined and bind to the runtime TensorFlow exports: one CUDA runtime and one
+  # NCCL in the process, the ones TensorFlow requires (docs/gpu_build.md). The toolkit above serves the build only;
+  # the key names it (-cuda12.4): the kernels are its nvcc's.
   hvd_ops="nccl-cuda$cuda_release"
   # -include stdexcept: Horovod 0.28.1's common.h uses std::logic_error without including <stdexcept>, which
   # libstdc++ 13 no longer brings in by itself (GCC 13, what nvcc 12.4 takes on trixie); harmless on older GCC.
@@ -134,6 +141,10 @@ fi
 # horovod/tensorflow/xla_mpi_ops.cc includes (Horovod's XLA ops, which hvd_sched does not use), so that file is
 # dropped from the pinned sdist's horovod/tensorflow/CMakeLists.txt. The key says so (-noxla).
 src_change=""; [ "$HOROVOD_NO_XLA" = 1 ] && src_change="-noxla"
+# GPU builds only: where TensorFlow no longer exports AsGpuStreamValue (TF 2.21), Horovod's TensorFlow ops get their
+# CUDA stream through the Stream's own accessor instead (scripts/gpu_toolkit.sh; the key says -sehandle).
+stream_patch=0
+if [ "$gpu" = 1 ] && tf_lacks_as_gpu_stream_value "$py"; then stream_patch=1; src_change+="-sehandle"; fi
 key="horovod-$HOROVOD_VERSION$src_change-tf$TENSORFLOW_VERSION-py$PYTHON_VERSION-$hvd_ops-$(uname -m)"
 wheel_dir="$cache/wheels/$key"
 have_hvd() { "$py" -c "import importlib.metadata as m, sys; sys.exit(m.version('horovod') != '$HOROVOD_VERSION')" 2>/dev/null; }
@@ -141,10 +152,6 @@ if ! have_hvd; then
   if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
     minutes="4-8"; [ "$gpu" = 1 ] && minutes="10-15"  # nvcc compiles the kernels for sm_50 ... sm_90 twice
     step "building Horovod $HOROVOD_VERSION$src_change against TensorFlow $TENSORFLOW_VERSION ($hvd_ops); $minutes minutes on 2 cores"
-# GPU builds only: where TensorFlow no longer exports AsGpuStreamValue (TF 2.21), Horovod's TensorFlow ops get their
-# CUDA stream through the Stream's own accessor instead (scripts/gpu_toolkit.sh; the key says -sehandle).
-stream_patch=0
-if [ "$gpu" = 1 ] && tf_lacks_as_gpu_stream_value "$py"; then stream_patch=1; src_change+="-sehandle"; fi
     pip install -q cmake==3.27.9 2>/dev/null || true
     rm -rf "$wheel_dir.tmp" && mkdir -p "$wheel_dir.tmp"
     log="$cache/horovod-build-$key.log"
@@ -168,16 +175,16 @@ if [ "$gpu" = 1 ] && tf_lacks_as_gpu_stream_value "$py"; then stream_patch=1; sr
       -w "$wheel_dir.tmp" "$hvd_src" > "$log" 2>&1 \
       || { tail -n 40 "$log" >&2; die "building Horovod failed; full log in $log"; }
     rm -rf "${src_dir:-$wheel_dir.tmp/src}"
+    if [ "$gpu" = 1 ]; then
+      set_nccl_runpath "$py" "$wheel_dir.tmp" >> "$log" 2>&1 \
+        || { tail -n 20 "$log" >&2; die "setting the NCCL RUNPATH in the Horovod wheel failed; log in $log"; }
+    fi
     rm -rf "$wheel_dir" && mv "$wheel_dir.tmp" "$wheel_dir"
   else
     step "using cached Horovod wheel from $wheel_dir"
   fi
   pip install -q "$wheel_dir"/horovod-*.whl || die "installing the cached Horovod wheel failed (delete $wheel_dir to rebuild)"
 fi
-    if [ "$gpu" = 1 ]; then
-      set_nccl_runpath "$py" "$wheel_dir.tmp" >> "$log" 2>&1 \
-        || { tail -n 20 "$log" >&2; die "setting the NCCL RUNPATH in the Horovod wheel failed; log in $log"; }
-    fi
 
 # The check the foundation issue asks for: Horovod must have been built with TensorFlow and Gloo.
 hvdrun="$(dirname "$py")/horovodrun"
@@ -189,21 +196,21 @@ echo "$check" | grep -q '\[X\] Gloo' \
   || { echo "$check" >&2; die "Horovod was built without Gloo (delete $wheel_dir and rerun)"; }
 if [ "$gpu" = 1 ]; then
   echo "$check" | grep -q '\[X\] NCCL' || { echo "$check" >&2; die "Horovod was built without NCCL"; }
+  "$py" -c "import horovod.tensorflow as hvd, sys; sys.exit(not (hvd.nccl_built() and hvd.cuda_built()))" \
+    || die "Horovod's TensorFlow library reports nccl_built/cuda_built false (delete $wheel_dir and rerun)"
 fi
 # Horovod's Keras layer must import with the row's Keras: on tf-keras rows after `keras` -> tf_keras (what
 # hvd_sched/_compat.py does before Horovod is imported); on the keras3 row as it is, with tf.keras Keras 3.
 "$py" -c "import sys
 if '$LEGACY_KERAS' == '1':
     import tf_keras; sys.modules['keras'] = tf_keras
-  "$py" -c "import horovod.tensorflow as hvd, sys; sys.exit(not (hvd.nccl_built() and hvd.cuda_built()))" \
-    || die "Horovod's TensorFlow library reports nccl_built/cuda_built false (delete $wheel_dir and rerun)"
 import horovod.tensorflow.keras as hvd
 if '$LEGACY_KERAS' != '1' and '$KERAS_VERSION':
     import tensorflow as tf
     assert tf.keras.__version__ == '$KERAS_VERSION', ('tf.keras is', tf.keras.__version__)" \
   || die "horovod.tensorflow.keras does not import (or tf.keras is not the row's Keras)"
 
-if [ -f "$root/setup.py" ]; then
+if [ -f "$root/pyproject.toml" ]; then
   step "installing hvd_sched (editable) with test extras"
   pip install -q -e "$root[test]" || die "pip install -e .[test] failed"
 fi
