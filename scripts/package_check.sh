@@ -32,7 +32,8 @@ step() { echo "package_check.sh: $*"; }
 rows=()
 while [ "$#" -gt 0 ]; do
   case "$1" in
-    --row) [ -n "${2:-}" ] || die "--row needs a row name"; load_stack "$2" || exit 1; rows+=("$2"); shift 2 ;;
+    # Checked in a subshell: load_stack leaves a row's pins set, and the default row's are the unprefixed ones.
+    --row) [ -n "${2:-}" ] || die "--row needs a row name"; (load_stack "$2") || exit 1; rows+=("$2"); shift 2 ;;
     *) die "unknown argument '$1' (usage: package_check.sh [--row NAME ...])" ;;
   esac
 done
