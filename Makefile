@@ -51,9 +51,10 @@ bench: install
 
 # The GPU build (Horovod with NCCL against tensorflow[and-cuda]) made and checked on this machine, with no GPU, in
 # a Debian trixie root with Debian's CUDA 12.4 and NCCL (docs/gpu_build.md). Needs root and mmdebstrap. Without
-# STACK= on the command line: the newest row (tf2.21), not the default row, whose Python is not trixie's.
+# STACK= on the command line: the newest row (tf2.21), not the default row, whose Python is not trixie's (so the
+# HVD_SCHED_STACK exported above for the default row is taken out of the recipe's environment).
 gpu-build-check:
-	bash scripts/gpu_build_check.sh $(if $(filter file default,$(origin STACK)),,$(STACK))
+	env -u HVD_SCHED_STACK bash scripts/gpu_build_check.sh $(if $(filter file default,$(origin STACK)),,$(STACK))
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
