@@ -10,6 +10,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
@@ -70,3 +71,32 @@ def run_and_collect(cmd, out_dir, np_, timeout, env_extra, expect_results=True):
                           f"--- stdout (all ranks) ---\n{proc.stdout[-20000:]}\n"
                           f"--- stderr (all ranks) ---\n{proc.stderr[-20000:]}")
     return results, proc
+
+
+def run_dropping_when_held(cmd, out_dir, env, drop, hold_at, reach_timeout, finish_timeout):
+    """Run an elastic job (cwd `out_dir`); once it writes an iteration >= `hold_at` to OUT/progress (the job then
+    holds until Horovod notifies it), create the file `drop`, which the job's host discovery script reads to drop
+    a slot or a host. Returns (returncode, the iteration read, stdout, stderr); raises RankFailure with the output
+    where the job ends or `reach_timeout` passes before `hold_at`. The whole process group is killed on the way out.
+    """
+    progress = out_dir / "progress"
+    stdout_path, stderr_path = out_dir / "stdout.txt", out_dir / "stderr.txt"
+    with open(stdout_path, "w") as out, open(stderr_path, "w") as err:
+        proc = subprocess.Popen(cmd, env=env, cwd=str(out_dir), stdout=out, stderr=err, start_new_session=True)
+        try:
+            deadline = time.time() + reach_timeout
+            while time.time() < deadline and proc.poll() is None:
+                if progress.exists() and progress.read_text() and int(progress.read_text()) >= hold_at:
+                    held_at = int(progress.read_text())
+                    drop.touch()
+                    break
+                time.sleep(0.05)
+            else:
+                raise RankFailure(f"the job did not reach iteration {hold_at}:\n"
+                                  + (stdout_path.read_text() + stderr_path.read_text())[-6000:])
+            returncode = proc.wait(timeout=finish_timeout)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    return returncode, held_at, stdout_path.read_text(), stderr_path.read_text()

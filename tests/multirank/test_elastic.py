@@ -5,17 +5,13 @@ iteration 25 until Horovod notifies it of the change, so the drop lands mid-trai
 """
 
 import json
-import os
 import pathlib
-import signal
-import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
-from launch import rank_env
+from launch import rank_env, run_dropping_when_held
 
 pytestmark = pytest.mark.multirank
 
@@ -30,26 +26,9 @@ def test_dropped_slot_rescales_lr_and_slots_and_keeps_the_iteration(tmp_path):
     horovodrun = pathlib.Path(sys.executable).with_name("horovodrun")
     cmd = [str(horovodrun), "--gloo", "--network-interface", "lo", "-np", "2", "--min-np", "1", "--max-np", "2",
            "--host-discovery-script", str(discover), sys.executable, str(JOB)]
-    progress = tmp_path / "progress"
-    with open(tmp_path / "stdout.txt", "w") as out, open(tmp_path / "stderr.txt", "w") as err:
-        proc = subprocess.Popen(cmd, env=rank_env(tmp_path), cwd=str(tmp_path), stdout=out, stderr=err,
-                                start_new_session=True)
-        try:
-            deadline = time.time() + 120
-            while time.time() < deadline and proc.poll() is None:
-                if progress.exists() and progress.read_text() and int(progress.read_text()) >= 25:  # held at 25
-                    dropped_at = int(progress.read_text())
-                    drop.touch()
-                    break
-                time.sleep(0.05)
-            else:
-                pytest.fail("the job did not reach iteration 25:\n" + (tmp_path / "stdout.txt").read_text()[-5000:])
-            returncode = proc.wait(timeout=150)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    output = (tmp_path / "stdout.txt").read_text() + (tmp_path / "stderr.txt").read_text()
+    returncode, dropped_at, stdout, stderr = run_dropping_when_held(
+        cmd, tmp_path, rank_env(tmp_path), drop, hold_at=25, reach_timeout=120, finish_timeout=150)
+    output = stdout + stderr
     assert returncode == 0, output[-8000:]
     survivors = [json.loads(p.read_text()) for p in tmp_path.glob("elastic*.json")]
     assert len(survivors) == 1, output[-8000:]

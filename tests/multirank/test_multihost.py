@@ -26,7 +26,7 @@ import time
 
 import pytest
 
-from launch import rank_env
+from launch import rank_env, run_dropping_when_held
 
 pytestmark = pytest.mark.multirank
 
@@ -160,31 +160,15 @@ def test_elastic_across_two_hosts_survives_a_host_dropped_by_discovery(ssh_hosts
     discover = tmp_path / "discover.sh"
     discover.write_text(f"#!/bin/sh\necho {HOSTS[0]}:1\n[ -f {drop} ] || echo {HOSTS[1]}:1\n")
     discover.chmod(0o755)
-    progress = tmp_path / "progress"
     before = _commands_per_host(ssh_hosts)
     horovodrun = pathlib.Path(sys.executable).with_name("horovodrun")
     cmd = [str(horovodrun), "--gloo", "--network-interface", "lo", "-np", "2", "--min-np", "1", "--max-np", "2",
            "--host-discovery-script", str(discover), "-p", str(ssh_hosts["port"]),
            "--ssh-identity-file", str(ssh_hosts["key"]), sys.executable, str(ELASTIC_JOB)]
     env = rank_env(tmp_path, {"PATH": os.pathsep.join([str(ssh_hosts["bin"]), os.environ.get("PATH", "")])})
-    with open(tmp_path / "output.txt", "w") as out:
-        proc = subprocess.Popen(cmd, env=env, cwd=str(tmp_path), stdout=out, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True)
-        try:
-            deadline = time.time() + 240
-            while time.time() < deadline and proc.poll() is None:
-                if progress.exists() and progress.read_text() and int(progress.read_text()) >= 25:  # held at 25
-                    drop.touch()
-                    break
-                time.sleep(0.05)
-            else:
-                pytest.fail("the job did not reach iteration 25:\n" + (tmp_path / "output.txt").read_text()[-6000:])
-            returncode = proc.wait(timeout=240)
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    output = (tmp_path / "output.txt").read_text()
+    returncode, dropped_at, stdout, stderr = run_dropping_when_held(
+        cmd, tmp_path, env, drop, hold_at=25, reach_timeout=240, finish_timeout=240)
+    output = stdout + stderr
     assert returncode == 0, output[-8000:]
     survivors = [json.loads(p.read_text()) for p in tmp_path.glob("elastic*.json")]
     assert len(survivors) == 1, output[-8000:]
@@ -192,7 +176,7 @@ def test_elastic_across_two_hosts_survives_a_host_dropped_by_discovery(ssh_hosts
     assert record["start_size"] == 2 and record["final_size"] == 1
     [reset] = record["resets"]
     assert reset["world_size"] == 1 and reset["scale"] == 0.5 and reset["slot_factor"] == 0.5
-    assert reset["iteration"] > 25 and record["final_iteration"] >= 80
+    assert dropped_at == 25 and reset["iteration"] > dropped_at and record["final_iteration"] >= 80
     its = [batch["it"] for batch in record["batches"]]
     assert its == sorted(set(its)) and its[0] == 0
     after = _commands_per_host(ssh_hosts)
