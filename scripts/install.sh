@@ -121,7 +121,7 @@ if [ "$LEGACY_KERAS" = 1 ]; then export TF_USE_LEGACY_KERAS=1; else unset TF_USE
 # Horovod: built from source against the TensorFlow above, the wheel cached under a key of everything that
 # changes the binary.
 hvd_ops="gloo"; hvd_env=(HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 HOROVOD_WITHOUT_MXNET=1
-  HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1)
+  HOROVOD_WITH_GLOO=1)
 if [ "$gpu" = 1 ]; then
   # shellcheck source=gpu_toolkit.sh
   . "$here/gpu_toolkit.sh"
@@ -137,10 +137,25 @@ if [ "$gpu" = 1 ]; then
   hvd_env+=(HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_LINK=SHARED HOROVOD_CUDA_HOME="$cuda_home"
     CC="$cuda_cc" CXX="$cuda_cxx" CXXFLAGS="${CXXFLAGS:-} -include stdexcept")
 fi
+# MPI with Gloo in the same build (scripts/mpi.sh, docs/launchers.md): the cluster's MPI where one is found, else
+# Open MPI from PyPI in the environment; HVD_SCHED_MPI=0 builds Gloo only. The key names the MPI (-mpi-openmpi5.0.11).
+# shellcheck source=mpi.sh
+. "$here/mpi.sh"
+find_mpi "$py" || die "$mpi_error"
+if [ "$mpi_kind" = none ]; then
+  hvd_env+=(HOROVOD_WITHOUT_MPI=1)
+  step "MPI: none (HVD_SCHED_MPI=0): Horovod with Gloo only; mpirun/srun jobs cannot join it"
+else
+  hvd_env+=(HOROVOD_WITH_MPI=1 MPI_HOME="$mpi_home" PATH="$mpi_home/bin:$PATH")
+  hvd_ops+="-mpi-$mpi_tag"
+  step "MPI: $mpi_tag in $mpi_home ($mpi_kind)"
+fi
 # The one change to Horovod's sources some rows need: TensorFlow >= 2.19 moved the XLA headers that
 # horovod/tensorflow/xla_mpi_ops.cc includes (Horovod's XLA ops, which hvd_sched does not use), so that file is
 # dropped from the pinned sdist's horovod/tensorflow/CMakeLists.txt. The key says so (-noxla).
 src_change=""; [ "$HOROVOD_NO_XLA" = 1 ] && src_change="-noxla"
+# With MPI: horovodrun's Open MPI binding flags in the spelling Open MPI 5 accepts (scripts/mpi.sh; -mpiargs).
+[ "$mpi_kind" = none ] || src_change+="-mpiargs"
 # GPU builds only: where TensorFlow no longer exports AsGpuStreamValue (TF 2.21), Horovod's TensorFlow ops get their
 # CUDA stream through the Stream's own accessor instead (scripts/gpu_toolkit.sh; the key says -sehandle).
 stream_patch=0
@@ -150,7 +165,7 @@ wheel_dir="$cache/wheels/$key"
 have_hvd() { "$py" -c "import importlib.metadata as m, sys; sys.exit(m.version('horovod') != '$HOROVOD_VERSION')" 2>/dev/null; }
 if ! have_hvd; then
   if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
-    minutes="4-8"; [ "$gpu" = 1 ] && minutes="10-15"  # nvcc compiles the kernels for sm_50 ... sm_90 twice
+    minutes="8-12"; [ "$gpu" = 1 ] && minutes="12-18"  # nvcc compiles the kernels for sm_50 ... sm_90 twice
     step "building Horovod $HOROVOD_VERSION$src_change against TensorFlow $TENSORFLOW_VERSION ($hvd_ops); $minutes minutes on 2 cores"
     pip install -q cmake==3.27.9 2>/dev/null || true
     rm -rf "$wheel_dir.tmp" && mkdir -p "$wheel_dir.tmp"
@@ -166,6 +181,9 @@ if ! have_hvd; then
         sed -i '/xla_mpi_ops.cc/d' "$hvd_src/horovod/tensorflow/CMakeLists.txt"
         ! grep -q xla_mpi_ops "$hvd_src/horovod/tensorflow/CMakeLists.txt" || die "xla_mpi_ops.cc is still in the build"
       fi
+      if [ "$mpi_kind" != none ]; then
+        patch_mpirun_args "$hvd_src" || die "could not patch horovodrun's mpirun flags"
+      fi
       if [ "$stream_patch" = 1 ]; then
         patch_stream_handle "$py" "$hvd_src" || die "could not patch AsGpuStreamValue in Horovod's mpi_ops.cc"
       fi
@@ -175,9 +193,10 @@ if ! have_hvd; then
       -w "$wheel_dir.tmp" "$hvd_src" > "$log" 2>&1 \
       || { tail -n 40 "$log" >&2; die "building Horovod failed; full log in $log"; }
     rm -rf "${src_dir:-$wheel_dir.tmp/src}"
-    if [ "$gpu" = 1 ]; then
-      set_nccl_runpath "$py" "$wheel_dir.tmp" >> "$log" 2>&1 \
-        || { tail -n 20 "$log" >&2; die "setting the NCCL RUNPATH in the Horovod wheel failed; log in $log"; }
+    bundled_mpi=0; [ "$mpi_kind" = bundled ] && bundled_mpi=1
+    if [ "$gpu" = 1 ] || [ "$bundled_mpi" = 1 ]; then
+      set_wheel_runpath "$py" "$wheel_dir.tmp" "$gpu" "$bundled_mpi" >> "$log" 2>&1 \
+        || { tail -n 20 "$log" >&2; die "setting the NCCL/MPI RUNPATH in the Horovod wheel failed; log in $log"; }
     fi
     rm -rf "$wheel_dir" && mv "$wheel_dir.tmp" "$wheel_dir"
   else
@@ -194,6 +213,12 @@ echo "$check" | grep -q '\[X\] TensorFlow' \
   || { echo "$check" >&2; die "Horovod was built without TensorFlow support (delete $wheel_dir and rerun)"; }
 echo "$check" | grep -q '\[X\] Gloo' \
   || { echo "$check" >&2; die "Horovod was built without Gloo (delete $wheel_dir and rerun)"; }
+if [ "$mpi_kind" != none ]; then
+  echo "$check" | grep -q '\[X\] MPI' || { echo "$check" >&2; die "Horovod was built without MPI (delete $wheel_dir and rerun)"; }
+  # The library finds libmpi by its RUNPATH, with no LD_LIBRARY_PATH, and reports MPI built.
+  env -u LD_LIBRARY_PATH "$py" -c "import horovod.tensorflow as hvd, sys; sys.exit(not hvd.mpi_built())" \
+    || die "Horovod's TensorFlow library does not load its MPI (delete $wheel_dir and rerun)"
+fi
 if [ "$gpu" = 1 ]; then
   echo "$check" | grep -q '\[X\] NCCL' || { echo "$check" >&2; die "Horovod was built without NCCL"; }
   "$py" -c "import horovod.tensorflow as hvd, sys; sys.exit(not (hvd.nccl_built() and hvd.cuda_built()))" \

@@ -167,7 +167,7 @@ def test_one_install_run_installs_and_removes_the_build_only_cuda():
 
 # --- the scripts' wiring -----------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("script", ["install.sh", "gpu_toolkit.sh", "gpu_build_check.sh", "gpu_check.sh"])
+@pytest.mark.parametrize("script", ["install.sh", "gpu_toolkit.sh", "gpu_build_check.sh", "gpu_check.sh", "mpi.sh"])
 def test_scripts_parse(script):
     subprocess.run(["bash", "-n", str(SCRIPTS / script)], check=True, timeout=30)
 
@@ -181,7 +181,7 @@ def test_install_sh_keys_the_nccl_wheel_by_its_toolkit_and_keeps_the_cpu_key():
     # The GPU half is sourced only on the GPU path.
     gpu_block = text[text.index('if [ "$gpu" = 1 ]; then\n  # shellcheck source=gpu_toolkit.sh'):]
     assert '. "$here/gpu_toolkit.sh"' in gpu_block.split("\nfi\n")[0]
-    assert "HOROVOD_NCCL_LINK=SHARED" in text and "set_nccl_runpath" in text
+    assert "HOROVOD_NCCL_LINK=SHARED" in text and 'set_wheel_runpath "$py" "$wheel_dir.tmp" "$gpu"' in text
     assert "hvd.nccl_built() and hvd.cuda_built()" in text
     assert "tf_lacks_as_gpu_stream_value" in text and "patch_stream_handle" in text
 
@@ -209,9 +209,10 @@ def test_gpu_check_runs_the_gpu_default_tests_and_looks_for_nccl_in_the_timeline
     assert "--timeline-filename" in text and "NCCL_ALLREDUCE" in text and "ranks_identical" in text
 
 
-def test_set_nccl_runpath_points_at_tensorflows_nccl_relative_to_the_library():
-    text = (SCRIPTS / "gpu_toolkit.sh").read_text()
-    assert r'--set-rpath "\$ORIGIN/$rel/nvidia/nccl/lib"' in text
+def test_set_wheel_runpath_points_at_tensorflows_nccl_relative_to_the_library():
+    # scripts/mpi.sh: one RUNPATH step for NCCL and the bundled Open MPI (tests/test_mpi_build.py: the MPI half).
+    text = (SCRIPTS / "mpi.sh").read_text()
+    assert r'paths+=("\$ORIGIN/$rel/nvidia/nccl/lib")' in text and '--set-rpath "$(IFS=:; echo "${paths[*]}")"' in text
     assert os.access(SCRIPTS / "gpu_build_check.sh", os.R_OK)
 
 
