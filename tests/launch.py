@@ -100,3 +100,59 @@ def run_dropping_when_held(cmd, out_dir, env, drop, hold_at, reach_timeout, fini
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
     return returncode, held_at, stdout_path.read_text(), stderr_path.read_text()
+
+
+def mpi_env():
+    """What an MPI launch needs from the test's environment: this environment's bin/ first on PATH (its `mpirun`,
+    the Open MPI that Horovod was built against; `horovodrun --mpi` calls `mpirun` from PATH) and, where the tests
+    run as root (CI containers), Open MPI's consent to that (its documented variables; users pass
+    `--allow-run-as-root`)."""
+    env = {"PATH": os.pathsep.join([str(pathlib.Path(sys.executable).parent), os.environ.get("PATH", "")])}
+    if os.geteuid() == 0:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return env
+
+
+def mpirun_cmd(np_, script, args=()):
+    """The command a user types: `mpirun -np N python script ...` (this environment's mpirun)."""
+    mpirun = pathlib.Path(sys.executable).with_name("mpirun")
+    return [str(mpirun), "-np", str(np_), sys.executable, str(script), *map(str, args)]
+
+
+def horovodrun_mpi_cmd(np_, script, args=()):
+    """The command a user types: `horovodrun --mpi -np N -H localhost:N python script ...`."""
+    horovodrun = pathlib.Path(sys.executable).with_name("horovodrun")
+    return [str(horovodrun), "--mpi", "-np", str(np_), "-H", f"localhost:{np_}",
+            sys.executable, str(script), *map(str, args)]
+
+
+def mpi_missing():
+    """Why MPI launches cannot run here (a reason for pytest.skip), or None: Horovod built without MPI
+    (HVD_SCHED_MPI=0) or no mpirun next to this Python."""
+    import hvd_sched._compat  # noqa: F401  (before Horovod)
+    import horovod.tensorflow as hvd
+
+    if not hvd.mpi_built():
+        return "this Horovod was built without MPI (HVD_SCHED_MPI=0); `horovodrun --check-build` shows no [X] MPI"
+    if not pathlib.Path(sys.executable).with_name("mpirun").exists():
+        return f"no mpirun next to {sys.executable} (Horovod was built against an MPI outside this environment)"
+    return None
+
+
+def run_command(cmd, cwd, env_extra=None, timeout=300):
+    """Run `cmd` (its own process group, killed whole on timeout) with the ranks' environment; returns the
+    CompletedProcess (stdout and stderr as text). A timeout raises RankFailure with the output so far."""
+    env = rank_env(cwd, env_extra)
+    with open(pathlib.Path(cwd) / "stdout.txt", "w") as out, open(pathlib.Path(cwd) / "stderr.txt", "w") as err:
+        proc = subprocess.Popen(cmd, env=env, cwd=str(cwd), stdout=out, stderr=err, text=True,
+                                start_new_session=True)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise RankFailure(f"{' '.join(map(str, cmd))} did not finish within {timeout}s\n"
+                              f"{(pathlib.Path(cwd) / 'stdout.txt').read_text()[-8000:]}\n"
+                              f"{(pathlib.Path(cwd) / 'stderr.txt').read_text()[-8000:]}") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, (pathlib.Path(cwd) / "stdout.txt").read_text(),
+                                       (pathlib.Path(cwd) / "stderr.txt").read_text())

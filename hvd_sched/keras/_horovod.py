@@ -7,8 +7,10 @@ here imports Keras.
 
 import os
 
+from ..launchers import launcher_problem
+
 __all__ = ["rank", "size", "is_elastic", "xla_ops_enabled", "XLA_WITH_HOROVOD", "average_gradients",
-           "adasum_problem"]
+           "adasum_problem", "check_launcher", "LauncherMismatchError"]
 
 XLA_WITH_HOROVOD = (
     "hvd_sched: the whole train step is XLA-compiled (model.compile(..., jit_compile=True){auto}) and contains "
@@ -40,6 +42,31 @@ def size():
     return _ask("size", 1)
 
 
+class LauncherMismatchError(RuntimeError):
+    """The launcher started N processes that Horovod did not join (each would train alone as rank 0)."""
+
+
+def check_launcher():
+    """Raise `LauncherMismatchError` where this process's launcher (mpirun, srun, horovodrun, ...) started N > 1
+    processes and Horovod did not join all N (`hvd_sched.launchers.launcher_problem` says which variables count).
+
+    Called by `DistributedOptimizer`, `build_optimizer`, `horovod_callbacks`, `restore_latest` and, at train begin,
+    `DistributedCheck` and `EpochCheckpoint`: whichever runs first stops the job on every process, before the
+    first step and before any checkpoint is written. Cheap (a few environment reads): call it right after
+    `hvd.init()` to fail at once.
+    """
+    try:
+        import horovod.tensorflow as hvd
+    except ImportError:
+        initialized, horovod_size = False, 1
+    else:
+        initialized = hvd.is_initialized()
+        horovod_size = hvd.size() if initialized else 1
+    problem = launcher_problem(os.environ, horovod_size, initialized)
+    if problem:
+        raise LauncherMismatchError(problem)
+
+
 def is_elastic():
     """True under `horovodrun --min-np/--max-np` (Horovod sets HOROVOD_ELASTIC): the size may change later."""
     return bool(int(os.environ.get("HOROVOD_ELASTIC", "0") or 0))
@@ -50,13 +77,46 @@ def xla_ops_enabled():
     return os.environ.get("HOROVOD_ENABLE_XLA_OPS", "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def adasum_problem(op):
-    """Why `op` cannot run with this Horovod, or None: Horovod's Adasum on CPU tensors needs its MPI build."""
+def is_adasum(op):
+    """True where `op` is Horovod's Adasum reduction."""
     import horovod.tensorflow as hvd
 
-    if op is not None and op == hvd.Adasum and not hvd.mpi_built():
+    return op is not None and op == hvd.Adasum
+
+
+def adasum_problem(op, process_set=None, groups=None):
+    """Why `op` cannot run in this job, or None (always None for ops other than Adasum).
+
+    Horovod's Adasum runs over MPI: it needs a Horovod built with MPI and, on more than one rank, a job whose
+    controller is MPI (`mpirun`, `horovodrun --mpi`, `srun --mpi=pmix`; under `horovodrun --gloo`
+    `hvd.mpi_enabled()` is False and Horovod would fail in the first step: "No Adasum operation enabled"). On CPU
+    tensors Horovod's Adasum needs a power-of-two number of ranks and the global process set. Each gradient is
+    reduced on its own (Horovod's grouped allreduce has no Adasum), so `groups` cannot apply.
+    """
+    import horovod.tensorflow as hvd
+
+    if not is_adasum(op):
+        return None
+    if not hvd.mpi_built():
         return ("op=hvd.Adasum needs a Horovod built with MPI (HOROVOD_WITH_MPI=1; Horovod's Adasum runs over "
-                "MPI), and this Horovod has none (hvd.mpi_built() is False); use op=hvd.Average")
+                "MPI), and this Horovod has none (hvd.mpi_built() is False); rebuild it with scripts/install.sh "
+                "(HVD_SCHED_MPI=1, the default) or use op=hvd.Average")
+    if groups:
+        return (f"op=hvd.Adasum reduces each gradient on its own (Horovod's grouped allreduce has no Adasum); "
+                f"leave groups out, got groups={groups!r}")
+    if process_set is not None and process_set != hvd.global_process_set:
+        return "op=hvd.Adasum needs the global process set (Horovod: not supported on other process sets yet)"
+    if hvd.is_initialized() and hvd.size() > 1 and not is_elastic():
+        if not hvd.mpi_enabled():
+            return ("op=hvd.Adasum runs over MPI, and this job's Horovod controller is Gloo (hvd.mpi_enabled() is "
+                    "False: started with `horovodrun --gloo`?); start the job with `mpirun -np N`, `horovodrun "
+                    "--mpi` or `srun --mpi=pmix`, or use op=hvd.Average")
+        size = hvd.size()
+        if size & (size - 1):
+            return (f"op=hvd.Adasum on CPU tensors needs a power-of-two number of ranks (Horovod), got "
+                    f"{size}; use 2, 4, 8, ... ranks or op=hvd.Average")
+    elif is_elastic():
+        return "op=hvd.Adasum needs MPI, and elastic Horovod runs on Gloo; use op=hvd.Average in elastic jobs"
     return None
 
 
@@ -91,6 +151,17 @@ def average_gradients(grads, variables=None, *, op=None, compression=None, spars
     averaging = op == hvd.Average
     prescale, after = (1.0 / gradient_predivide_factor, gradient_predivide_factor) if averaging else (1.0, 1.0)
     reduced = list(grads)
+    if is_adasum(op):
+        # Horovod's grouped allreduce has no Adasum (horovod/tensorflow/__init__.py: UnboundLocalError); each
+        # tensor is reduced on its own, as Horovod's own Keras 2 wrapper does without groups.
+        for i, grad in enumerate(grads):
+            if grad is None:
+                continue
+            value = hvd.allreduce(grad, op=op, process_set=process_set, device_dense=device_dense,
+                                  device_sparse=device_sparse, compression=compression or hvd.Compression.none,
+                                  name=f"{name}_adasum_{i}")
+            reduced[i] = value if postscale == 1.0 else value * tf.cast(postscale, value.dtype)
+        return reduced
     for number, indices in enumerate(_groups(grads, variables, groups)):
         dtype = grads[indices[0]].dtype
         values = hvd.grouped_allreduce([grads[i] for i in indices], op=op, prescale_factor=prescale,

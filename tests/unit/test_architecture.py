@@ -22,7 +22,7 @@ PACKAGE_DIR = pathlib.Path(__file__).resolve().parents[2] / "hvd_sched"
 # A name ending in ".*" covers a subpackage and everything under it.
 LAYERS = (
     ("hvd_sched._validation",),
-    ("hvd_sched.policies", "hvd_sched.momentum"),
+    ("hvd_sched.policies", "hvd_sched.momentum", "hvd_sched.launchers"),
     ("hvd_sched.segments",),
     ("hvd_sched.schedules",),
     ("hvd_sched.dialects",),
