@@ -32,12 +32,12 @@ from hvd_sched import _compat  # noqa: F401  (first: stack check; keras -> tf_ke
 from ._backend import KERAS_MAJOR
 from .build import build_optimizer, describe_optimizer, parameter_groups
 from .callbacks import LearningRateLogger, ScheduleCallback, horovod_callbacks
-from .checkpoint import EpochCheckpoint, latest_checkpoint, restore_latest
+from .checkpoint import EpochCheckpoint, latest_checkpoint, load_model, restore_latest
 from .distributed import AverageMetrics, BroadcastVariables, DistributedCheck, DistributedOptimizer
 from .elastic import ElasticLRScaler, elastic_state
 from .guards import NonFiniteLossError, RankConsistencyCheck, RankMismatchError, StopOnNonFinite
 from .lr_schedule import ScheduleLR
-from .optimizer import ScheduledOptimizer, custom_objects, is_scheduled, load_model, scheduled_class, scheduled_of
+from .optimizer import ScheduledOptimizer, custom_objects, is_scheduled, scheduled_class, scheduled_of
 from ._tracking import iteration_count
 
 __all__ = ["ScheduledOptimizer", "DistributedOptimizer", "ScheduleCallback", "LearningRateLogger",

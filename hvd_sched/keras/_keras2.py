@@ -37,7 +37,8 @@ HOOKS = (
     (_NEW, "_current_learning_rate"), (_NEW_SGD, "momentums"),
     (_LEGACY, "_create_all_weights"), (_LEGACY, "_fallback_apply_state"), (_LEGACY, "_resource_apply_dense"),
     (_LEGACY, "_resource_apply_sparse"), (_LEGACY, "_slots"), (_LEGACY, "_name"),
-    (_NEW, "_is_wrapped_by_loss_scale_optimizer"),
+    (_NEW, "_is_wrapped_by_loss_scale_optimizer"), (_NEW, "_learning_rate"), (_NEW, "_build_learning_rate"),
+    (_LEGACY, "_hyper"), (_LEGACY, "_set_hyper"),
     (_LOSS_SCALE, "inner_optimizer"), (tf.keras.Model, "_steps_per_execution"),
     (control_flow_util, "GraphOrParentsInXlaContext"),
 )
@@ -214,6 +215,36 @@ def register(cls, package="hvd_sched"):
     return tf.keras.utils.register_keras_serializable(package=package)(cls)
 
 
+def learning_rate_of(optimizer):
+    """The optimizer's own learning rate as it holds it (a variable, float, schedule or callable), or None."""
+    if is_legacy(optimizer):
+        return getattr(optimizer, "_hyper", {}).get("learning_rate")
+    return getattr(optimizer, "_learning_rate", None)
+
+
+def install_schedule(optimizer, schedule_lr):
+    """Make `schedule_lr` the learning rate of an optimizer built without it (its __init__ takes no learning_rate)."""
+    if is_legacy(optimizer):
+        _LEGACY._set_hyper(optimizer, "learning_rate", schedule_lr)
+    else:
+        optimizer._learning_rate = optimizer._build_learning_rate(schedule_lr)
+
+
+def legacy_twin(base):
+    """Keras' legacy optimizer class of the same name as Keras' own TF 2.11+ class `base` (Adam ->
+    optimizers.legacy.Adam), or None: what `tf.keras.optimizers.convert_to_legacy_optimizer` builds, looked up by
+    the lower-cased class name."""
+    if issubclass(base, _LEGACY) or not base.__module__.startswith(("keras.", "tf_keras.")):
+        return None
+    twin = getattr(tf.keras.optimizers.legacy, base.__name__, None)
+    return twin if isinstance(twin, type) and issubclass(twin, _LEGACY) else None
+
+
+def register_name(name, cls):
+    """Keras finds `cls` under `name` (Keras' global custom objects)."""
+    tf.keras.utils.get_custom_objects()[name] = cls
+
+
 def is_horovod_keras_wrapped(optimizer):
     """True for the dynamic class `horovod.tensorflow.keras.DistributedOptimizer` returns."""
     optimizer = unwrap(optimizer)
@@ -248,9 +279,14 @@ class _StepStart:
 
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         grads_and_vars = list(grads_and_vars)
-        self._hvd_sched_before_step([v for _, v in grads_and_vars], [v for g, v in grads_and_vars if g is not None],
-                                    kwargs.get("name"))
-        return super().apply_gradients(grads_and_vars, *args, **kwargs)
+        updating = self._hvd_sched_updating
+        self._hvd_sched_updating = True  # Keras' own LR reads in the step (also eager, run_eagerly=True)
+        try:
+            self._hvd_sched_before_step([v for _, v in grads_and_vars],
+                                        [v for g, v in grads_and_vars if g is not None], kwargs.get("name"))
+            return super().apply_gradients(grads_and_vars, *args, **kwargs)
+        finally:
+            self._hvd_sched_updating = updating
 
 
 class _NewMixin(_StepStart):
@@ -261,13 +297,17 @@ class _NewMixin(_StepStart):
 
     @property
     def learning_rate(self):
+        # Read from outside the step (a callback, the user): the schedule's LR of the next step, read-only. Keras'
+        # own `lr` reads this property too.
+        if self._hvd_sched_user_read():
+            return self._hvd_sched_current_lr()
         lr = super().learning_rate
         factor = self._hvd_sched_lr_factor
         return lr if factor is None else lr * tf.cast(factor, lr.dtype)
 
     @learning_rate.setter
     def learning_rate(self, learning_rate):
-        self._hvd_sched_refuse_new_lr()
+        self._hvd_sched_refuse_new_lr(learning_rate, "optimizer.learning_rate = value, or optimizer.lr = value")
         _NEW.learning_rate.fset(self, learning_rate)
 
     def update_step(self, gradient, variable):
@@ -314,7 +354,33 @@ class _NewMixin(_StepStart):
 
 class _LegacyMixin(_StepStart):
     """`tf.keras.optimizers.legacy.*`: the LR multiplier scales the per-variable `lr_t` coefficients; the slots are
-    rescaled behind a `tf.cond` that is false on steps without a correction."""
+    rescaled behind a `tf.cond` that is false on steps without a correction.
+
+    OptimizerV2 keeps the LR among its hyperparameters (`_hyper`), reached through `__getattribute__` /
+    `__setattr__` for `lr` and `learning_rate`: an assignment would replace the schedule (and `opt.lr` would be the
+    schedule object itself); here reads give the schedule's LR and writes are refused."""
+
+    def _hvd_sched_lr(self):
+        if self._hvd_sched_user_read():
+            return self._hvd_sched_current_lr()
+        return self._get_hyper("learning_rate")
+
+    def _hvd_sched_set_lr(self, value):
+        self._hvd_sched_refuse_new_lr(value, "optimizer.learning_rate = value, or optimizer.lr = value")
+        _LEGACY._set_hyper(self, "learning_rate", value)
+
+    learning_rate = property(_hvd_sched_lr, _hvd_sched_set_lr)
+    lr = property(_hvd_sched_lr, _hvd_sched_set_lr)
+
+    def __setattr__(self, name, value):
+        if name in ("lr", "learning_rate"):  # OptimizerV2.__setattr__ would go to _set_hyper directly
+            self._hvd_sched_refuse_new_lr(value, f"optimizer.{name} = value")
+        super().__setattr__(name, value)
+
+    def _set_hyper(self, name, value):
+        if name == "learning_rate":
+            self._hvd_sched_refuse_new_lr(value, "optimizer._set_hyper('learning_rate', value)")
+        super()._set_hyper(name, value)
 
     def _scaled_state(self, var, apply_state):
         factor = self._hvd_sched_rules_for(var.name)[0]

@@ -19,6 +19,7 @@ tests/keras/test_hooks.py names every hook below and fails, naming it, when a Ke
 import re
 
 import keras
+import numpy as np
 import tensorflow as tf
 from keras import ops
 from tensorflow.python.ops import control_flow_util  # XLA context of the graph being traced (no public API)
@@ -45,7 +46,7 @@ HOOKS = (
     (keras.Model, "_flatten_layers"), (keras.Model, "steps_per_execution"), (keras.Variable, "value"),
     (keras.Variable, "path"), (control_flow_util, "GraphOrParentsInXlaContext"),
     (_OPTIMIZER, "gradient_accumulation_steps"), (_OPTIMIZER, "_clip_gradients"),
-    (_OPTIMIZER, "_backend_apply_gradients"),
+    (_OPTIMIZER, "_backend_apply_gradients"), (_OPTIMIZER, "_variables"),
 )
 
 
@@ -197,6 +198,27 @@ def register(cls, package="hvd_sched"):
 def layers_of(model):
     """The model and every layer inside it."""
     return list(model._flatten_layers(include_self=True))
+
+
+def learning_rate_of(optimizer):
+    """The optimizer's own learning rate as it holds it (a variable, schedule or callable), or None."""
+    return getattr(optimizer, "_learning_rate", None)
+
+
+def install_schedule(optimizer, schedule_lr):
+    """Make `schedule_lr` the learning rate of an optimizer built without it (its __init__ takes no learning_rate;
+    Keras 3's base class needs one, so the class passed its own: Keras' setter untracks that variable)."""
+    _OPTIMIZER.learning_rate.fset(optimizer, schedule_lr)
+
+
+def legacy_twin(base):
+    """None: Keras 3 has no legacy optimizers (nor `convert_to_legacy_optimizer`)."""
+    return None
+
+
+def register_name(name, cls):
+    """Keras finds `cls` under `name` (Keras' global custom objects)."""
+    keras.saving.get_custom_objects()[name] = cls
 
 
 def is_horovod_keras_wrapped(optimizer):
@@ -370,12 +392,26 @@ class _Keras3Mixin:
 
     @property
     def learning_rate(self):
+        # Read from outside the step (a callback, the user): the schedule's LR of the next step, read-only.
+        if self._hvd_sched_user_read():
+            return self._hvd_sched_current_lr()
         return _OPTIMIZER.learning_rate.fget(self)
 
     @learning_rate.setter
     def learning_rate(self, learning_rate):
-        self._hvd_sched_refuse_new_lr()
+        self._hvd_sched_refuse_new_lr(learning_rate, "optimizer.learning_rate = value")
         _OPTIMIZER.learning_rate.fset(self, learning_rate)
+
+    @property
+    def lr(self):
+        """Keras 2's alias of `learning_rate` (Keras 3 has none; an assignment would otherwise add an attribute
+        that nothing reads)."""
+        return self.learning_rate
+
+    @lr.setter
+    def lr(self, learning_rate):
+        self._hvd_sched_refuse_new_lr(learning_rate, "optimizer.lr = value")
+        self.learning_rate = learning_rate
 
     def apply(self, grads, trainable_variables=None):
         grads = list(grads)
@@ -383,8 +419,25 @@ class _Keras3Mixin:
         problem = distribution_problem(self)
         if problem:
             raise ValueError(problem)
-        self._hvd_sched_before_step(variables, [v for g, v in zip(grads, variables) if g is not None])
-        return super().apply(grads, trainable_variables)
+        updating = self._hvd_sched_updating
+        self._hvd_sched_updating = True  # Keras' own LR reads in the step (also eager, run_eagerly=True)
+        try:
+            self._hvd_sched_before_step(variables, [v for g, v in zip(grads, variables) if g is not None])
+            return super().apply(grads, trainable_variables)
+        finally:
+            self._hvd_sched_updating = updating
+
+    def set_weights(self, weights):
+        """Keras' `set_weights`, also from a plain optimizer of the same class: its weights are [iterations,
+        learning_rate, slots...], where a scheduled one has no learning_rate variable (the schedule is the LR), so
+        that one weight is left out. (The other way round, `plain.set_weights(scheduled.get_weights())`, Keras
+        refuses; insert the LR: `[w[0], lr, *w[1:]]`.)"""
+        weights = list(weights)
+        mine = list(self._variables)
+        if len(weights) == len(mine) + 1 and len(weights) > 1 and np.ndim(weights[1]) == 0 \
+                and all(np.shape(w) == tuple(v.shape) for w, v in zip([weights[0], *weights[2:]], mine)):
+            weights = [weights[0], *weights[2:]]
+        return super().set_weights(weights)
 
     def update_step(self, gradient, variable, learning_rate):
         index = self._get_variable_index(variable)

@@ -10,4 +10,4 @@ NAMES = ("KERAS_MAJOR", "keras", "HOOKS", "OPTIMIZER_TYPES", "LearningRateSchedu
          "distributed_optimizer", "distribution_problem", "backing_variables", "folds_factor", "is_variable",
          "scale_variable", "counts_skipped_steps", "BUILTIN_OPTIMIZERS", "is_distributed", "layers_of",
          "names_regex", "micro_batches", "micro_batch_count", "update_index", "is_loss_scaled",
-         "sums_micro_batches")
+         "sums_micro_batches", "learning_rate_of", "install_schedule", "legacy_twin", "register_name")

@@ -11,15 +11,19 @@ correction, so those steps are Keras' own SGD bit for bit), which every variable
 momentum coefficient, also inside the per-variable XLA function Keras 2 traces on a GPU (`_update_step_xla`).
 """
 
+import inspect
+
 import numpy as np
 import tensorflow as tf
 
 from .. import _validation
 from . import _backend, _horovod, _slots
 from ._tables import as_schedule, correction_table, graph_factor, graph_factor_since
+from ._tracking import iteration_count
 from .lr_schedule import ScheduleLR
 
-__all__ = ["ScheduledBase", "check_rules", "BOTH_DECAYS", "accumulation_problem"]
+__all__ = ["ScheduledBase", "ScheduledLearningRate", "check_rules", "BOTH_DECAYS", "accumulation_problem",
+           "lr_conflict", "NO_LEARNING_RATE"]
 
 BOTH_DECAYS = ("weight_decays= (coupled L2: grad += decay * w before the update, Detectron/Caffe2) and the "
                "optimizer's own weight_decay={wd!r} ({cls}: decoupled, w -= lr * wd * w after it) would both decay "
@@ -31,6 +35,151 @@ _LOSS_SCALE_ACCUMULATION = (
     "drops out of the average (Keras 3) or the micro-batches of one update mix two loss scales (Keras 2); train "
     "with accumulation under the mixed_bfloat16 or float32 policy (no loss scaling), or under mixed_float16 with "
     "ITER_SIZE / backward_passes_per_step / gradient_accumulation_steps 1")
+
+
+#: Why an optimizer class without a learning rate cannot be scheduled, and what it needs.
+NO_LEARNING_RATE = (
+    "ScheduledOptimizer cannot schedule {cls}: it has no learning rate (its __init__ takes no learning_rate and "
+    "builds none), so its update reads none and a schedule would change nothing. A class it can wrap has a "
+    "learning rate its update reads: take a learning_rate argument and pass it to the Keras base class, or set "
+    "one in __init__ (Keras 2: self._learning_rate = self._build_learning_rate(0.01); Keras 2 legacy: "
+    "self._set_hyper('learning_rate', 0.01); Keras 3: super().__init__(learning_rate=0.01, ...)), and read "
+    "self.learning_rate (legacy: self._decayed_lr(dtype); Keras 3: the learning_rate argument of update_step)")
+
+# What a caller should do instead of writing the LR of a ScheduledOptimizer, by the class name of the Keras or
+# Horovod callback that writes it (a subclass takes its nearest ancestor's entry).
+_WARMUP_FIX = ("put the warmup in the SOLVER config instead (WARM_UP_ITERS or WARM_UP_EPOCHS, WARM_UP_METHOD: linear, "
+               "WARM_UP_FACTOR: horovod for Horovod's start at lr / size), which the ScheduledOptimizer follows in "
+               "the compiled step")
+_STEPS_FIX = ("put the LR changes in the SOLVER config instead (LR_POLICY: steps_with_decay with STEPS or "
+              "STEPS_EPOCHS and GAMMA, or another LR_POLICY), which the ScheduledOptimizer follows in the compiled "
+              "step")
+_PLATEAU_FIX = ("a ScheduledOptimizer does not reduce its LR on a plateau: its LR is a function of the iteration "
+                "alone, which is what keeps resume, elastic resets and the ranks exact, and a plateau factor would "
+                "be state outside the schedule (Detectron has none); put the reductions in the SOLVER config (STEPS "
+                "or STEPS_EPOCHS and GAMMA), or stop with EarlyStopping and go on with a new schedule, or keep "
+                "ReduceLROnPlateau with a plain optimizer")
+_LR_WRITER_FIXES = {
+    "LearningRateWarmupCallback": _WARMUP_FIX,
+    "LearningRateScheduleCallback": _STEPS_FIX,
+    "LearningRateScheduler": _STEPS_FIX,
+    "ReduceLROnPlateau": _PLATEAU_FIX,
+}
+_DEFAULT_FIX = ("change the schedule instead (the SOLVER config, a new hvd_sched.Schedule); where the LR must be set "
+                "between batches, compile a plain optimizer (float learning_rate) and pass "
+                "hvd_sched.keras.ScheduleCallback(schedule)")
+
+
+def _lr_writer():
+    """The Keras (or Horovod) callback on the call stack, i.e. the one writing the LR, or None."""
+    callback = _backend.keras.callbacks.Callback
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            owner = frame.f_locals.get("self")
+            if isinstance(owner, callback):
+                return owner
+            frame = frame.f_back
+    finally:
+        del frame
+    return None
+
+
+def _shown(value):
+    try:
+        return repr(float(np.asarray(value)))
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def lr_write_error(optimizer_class, value, how):
+    """The TypeError for a write of `value` to the LR of a ScheduledOptimizer, naming the writer and the fix."""
+    writer = _lr_writer()
+    fix = _DEFAULT_FIX
+    who = "this call"
+    if writer is not None:
+        who = f"{type(writer).__module__}.{type(writer).__name__}"
+        fix = next((_LR_WRITER_FIXES[k.__name__] for k in type(writer).__mro__ if k.__name__ in _LR_WRITER_FIXES),
+                   _DEFAULT_FIX)
+    return TypeError(
+        f"hvd_sched: {who} tried to set the learning rate of {optimizer_class} to {_shown(value)} ({how}), but the "
+        "learning rate of a ScheduledOptimizer comes from its schedule (schedule.lr_at(iteration), in the compiled "
+        "step): the write would be ignored or would replace the schedule without a word. "
+        f"{fix[0].upper()}{fix[1:]}. Reading the LR (optimizer.learning_rate, optimizer.lr, get_value) gives the "
+        "schedule's LR of the next step.")
+
+
+def lr_conflict(optimizer):
+    """Why `optimizer`'s own learning rate conflicts with a schedule that would replace it, or None."""
+    lr = _backend.learning_rate_of(optimizer)
+    if isinstance(lr, _backend.LearningRateSchedule):
+        kind = f"a {type(lr).__name__} schedule"
+    elif callable(lr) and not _backend.is_variable(lr):
+        kind = f"a callable ({getattr(lr, '__name__', type(lr).__name__)})"
+    else:
+        return None
+    return (f"the learning_rate of {type(optimizer).__name__} is {kind}, and ScheduledOptimizer replaces the "
+            "optimizer's learning rate with its hvd_sched schedule: two schedules would compete for one LR. Build "
+            f"the optimizer with a float learning_rate (its value is not used), e.g. {type(optimizer).__name__}("
+            "momentum=0.9), and put the whole LR schedule in the hvd_sched schedule (SOLVER config)")
+
+
+class ScheduledLearningRate(float):
+    """What reading the LR of a ScheduledOptimizer (outside the compiled step) gives: its next step's LR, a float.
+
+    `float(...)`, `backend.get_value(...)` and `.numpy()` read it, so Keras' and Horovod's LR callbacks read the
+    scheduled value; `assign` (what `backend.set_value(optimizer.lr, x)` calls) raises a TypeError that names the
+    caller and the fix, since a ScheduledOptimizer's LR has one owner, its schedule.
+    """
+
+    dtype = tf.float32  # read by Keras' backend.set_value before it assigns
+
+    def __new__(cls, value, owner=""):
+        self = super().__new__(cls, value)
+        self._owner = owner
+        return self
+
+    def __reduce__(self):  # copies and pickles are plain floats
+        return (float, (float(self),))
+
+    def numpy(self):
+        return np.float32(self)
+
+    def assign(self, value, *args, **kwargs):
+        how = ("backend.set_value(optimizer.lr, value)" if _called_from("set_value")
+               else "optimizer.learning_rate.assign(value)")
+        raise lr_write_error(self._owner, value, how)
+
+    def assign_add(self, value, *args, **kwargs):
+        raise lr_write_error(self._owner, f"itself + {_shown(value)}", "optimizer.learning_rate.assign_add(value)")
+
+    def assign_sub(self, value, *args, **kwargs):
+        raise lr_write_error(self._owner, f"itself - {_shown(value)}", "optimizer.learning_rate.assign_sub(value)")
+
+
+def _called_from(function_name):
+    frame = inspect.currentframe()
+    try:
+        while frame is not None:
+            if frame.f_code.co_name == function_name:
+                return True
+            frame = frame.f_back
+    finally:
+        del frame
+    return False
+
+
+def _init_takes_learning_rate(cls):
+    """Whether the first `__init__` after ScheduledBase in `cls`'s MRO (the wrapped class's) names learning_rate."""
+    mro = cls.__mro__
+    for klass in mro[mro.index(ScheduledBase) + 1:]:
+        init = vars(klass).get("__init__")
+        if init is not None:
+            try:
+                return "learning_rate" in inspect.signature(init).parameters
+            except (TypeError, ValueError):  # a builtin's __init__ without a signature
+                return True
+    return False
 
 
 def accumulation_problem(optimizer, iter_size=1):
@@ -160,7 +309,17 @@ class ScheduledBase:
         with tf.init_scope():
             schedule_lr.scale = tf.Variable(1.0, trainable=False, dtype=tf.float32, name="hvd_sched_lr_scale")
             last_step = tf.Variable(-1, trainable=False, dtype=tf.int64, name="hvd_sched_last_step")
-        super().__init__(learning_rate=schedule_lr, **kwargs)
+        if _init_takes_learning_rate(type(self)):
+            super().__init__(learning_rate=schedule_lr, **kwargs)
+        else:
+            # A class whose __init__ takes no learning_rate (its own fixed LR, or none): built as it is, and its
+            # LR replaced by the schedule below.
+            super().__init__(**kwargs)
+        own = _backend.learning_rate_of(self)
+        if own is None:
+            raise TypeError(NO_LEARNING_RATE.format(cls=type(self).__name__))
+        if own is not schedule_lr:
+            _backend.install_schedule(self, schedule_lr)
         # Tracked: tf.train.Checkpoint keeps the world-size scale and the last applied step.
         self._hvd_sched_lr_scale_var = schedule_lr.scale
         self._hvd_sched_last_step = last_step
@@ -249,18 +408,37 @@ class ScheduledBase:
         self._hvd_sched_lr_scale_var.assign(new)
         return float(applied)
 
+    def copy_schedule_state(self, other):
+        """Take `other`'s schedule state that lives outside Keras' optimizer variables: the LR scale (elastic)
+        and the last applied step (mixed precision), e.g. into its distributed copy."""
+        self._hvd_sched_lr_scale_var.assign(other._hvd_sched_lr_scale_var)
+        self._hvd_sched_last_step.assign(other._hvd_sched_last_step)
+
     def get_config(self):
         config = super().get_config()
         config.pop("learning_rate", None)  # derived from the schedule
         config.update(self._hvd_sched.config())
         return config
 
-    # -- the step: called by the per-version mixins ------------------------------------------------------------
+    # -- the one owner of the LR: reads give the schedule's, writes are refused ---------------------------------
 
-    def _hvd_sched_refuse_new_lr(self):
+    _hvd_sched_updating = False  # True while Keras runs this optimizer's step (its own reads get Keras' value)
+
+    def _hvd_sched_user_read(self):
+        """True for a read of the LR from outside the step: eager, after __init__, not inside apply_gradients."""
+        return (getattr(self, "_hvd_sched", None) is not None and not self._hvd_sched_updating
+                and tf.executing_eagerly())
+
+    def _hvd_sched_current_lr(self):
+        """The LR of the next step, `lr_at(iteration_count)` (elastic scale included), as a ScheduledLearningRate."""
+        return ScheduledLearningRate(self.lr_at(iteration_count(self)), type(self).__name__)
+
+    def _hvd_sched_refuse_new_lr(self, value=None, how="optimizer.learning_rate = value"):
+        """Raise the TypeError for a write of the LR (after __init__; Keras sets it while constructing)."""
         if getattr(self, "_hvd_sched", None) is not None:
-            raise TypeError("the learning rate of a ScheduledOptimizer comes from its schedule and cannot be set; "
-                            "build a new schedule (or use hvd_sched.keras.ScheduleCallback with a plain optimizer)")
+            raise lr_write_error(type(self).__name__, value, how)
+
+    # -- the step: called by the per-version mixins ------------------------------------------------------------
 
     def _hvd_sched_rules_for(self, name):
         return self._hvd_sched.rules_for(name)

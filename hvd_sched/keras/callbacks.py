@@ -192,7 +192,8 @@ class LearningRateLogger(IterationTracker):
 
 
 def horovod_callbacks(schedule_callback=None, *, root_rank=0, average_metrics=True, log_lr=True,
-                      per_batch_lr=True, check_ranks=True, stop_on_nonfinite=True, checkpoint_dir=None):
+                      per_batch_lr=True, check_ranks=True, stop_on_nonfinite=True, checkpoint_dir=None,
+                      local_variables=None):
     """The usual callback list of a Horovod Keras job, in the order that works.
 
     1. `RankConsistencyCheck`: fail on every rank, before the first step, if the ranks' schedules, settings or
@@ -219,6 +220,8 @@ def horovod_callbacks(schedule_callback=None, *, root_rank=0, average_metrics=Tr
         check_ranks: include RankConsistencyCheck.
         stop_on_nonfinite: include StopOnNonFinite.
         checkpoint_dir: the EpochCheckpoint directory, named in StopOnNonFinite's message.
+        local_variables: variables each rank keeps as it is, left out of the initial broadcast (Horovod's
+            `BroadcastGlobalVariablesCallback(local_variables=...)`).
 
     Returns:
         A list of callbacks for `model.fit(callbacks=...)`.
@@ -228,7 +231,7 @@ def horovod_callbacks(schedule_callback=None, *, root_rank=0, average_metrics=Tr
     callbacks = []
     if check_ranks:
         callbacks.append(RankConsistencyCheck(schedule_callback.schedule if schedule_callback else None))
-    callbacks.extend(distributed_callbacks(root_rank, average_metrics))
+    callbacks.extend(distributed_callbacks(root_rank, average_metrics, local_variables))
     if schedule_callback is not None:
         callbacks.append(schedule_callback)
     elif log_lr:

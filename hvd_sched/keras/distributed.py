@@ -209,15 +209,31 @@ class BroadcastVariables(_backend.keras.callbacks.Callback):
     """At train begin, every variable of the model and its optimizer from `root_rank` to all ranks (Keras 3).
 
     Keras 3 builds the optimizer's variables before `on_train_begin` (in `fit`'s symbolic build), so the first
-    step already starts from identical weights and slots. Once per callback (the first `fit`).
+    step already starts from identical weights and slots. Once per callback (the first `fit`). Horovod's
+    `BroadcastGlobalVariablesCallback(root_rank, local_variables=...)` arguments, with Horovod's meaning.
 
     Args:
-        root_rank: the rank whose values every rank takes.
+        root_rank: the rank whose values every rank takes (int >= 0).
+        local_variables: a variable or a collection of variables each rank keeps as it is (worker-local state,
+            excluded from the broadcast).
     """
 
-    def __init__(self, root_rank=0):
+    def __init__(self, root_rank=0, local_variables=None):
         super().__init__()
+        if isinstance(root_rank, bool) or not isinstance(root_rank, int) or root_rank < 0:
+            raise ValueError(f"root_rank must be an int >= 0, got {root_rank!r}")
+        if local_variables is None:
+            local_variables = []
+        elif _backend.is_variable(local_variables):
+            local_variables = [local_variables]
+        else:
+            local_variables = list(local_variables)
+        for variable in local_variables:
+            if not _backend.is_variable(variable):
+                raise TypeError(f"local_variables must be variables (e.g. [model.layers[-1].bias]), got "
+                                f"{type(variable).__name__}: {variable!r}")
         self.root_rank = root_rank
+        self.local_variables = local_variables
         self.done = False
 
     def on_train_begin(self, logs=None):
@@ -225,8 +241,10 @@ class BroadcastVariables(_backend.keras.callbacks.Callback):
 
         if self.done or not hvd.is_initialized() or hvd.size() == 1:
             return
+        local = {id(v) for v in _backend.backing_variables(self.local_variables)}
         variables = list(self.model.variables) + _backend.optimizer_variables(self.model.optimizer)
-        hvd.broadcast_variables(_backend.backing_variables(variables), root_rank=self.root_rank)
+        hvd.broadcast_variables([v for v in _backend.backing_variables(variables) if id(v) not in local],
+                                root_rank=self.root_rank)
         self.done = True
 
 
@@ -252,17 +270,18 @@ class AverageMetrics(_backend.keras.callbacks.Callback):
             logs[key] = float(value)
 
 
-def distributed_callbacks(root_rank=0, average_metrics=True):
-    """[the checks, the initial broadcast, (the metric averaging)], for this Keras (see the module docstring)."""
+def distributed_callbacks(root_rank=0, average_metrics=True, local_variables=None):
+    """[the checks, the initial broadcast, (the metric averaging)], for this Keras (see the module docstring);
+    `local_variables` are left out of the broadcast (Horovod's argument)."""
     callbacks = [DistributedCheck()]
     if _backend.KERAS_MAJOR == 3:
-        callbacks.append(BroadcastVariables(root_rank))
+        callbacks.append(BroadcastVariables(root_rank, local_variables=local_variables))
         if average_metrics:
             callbacks.append(AverageMetrics())
     else:
         import horovod.tensorflow.keras as hvd
 
-        callbacks.append(hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank))
+        callbacks.append(hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank, local_variables=local_variables))
         if average_metrics:
             callbacks.append(hvd.callbacks.MetricAverageCallback())
     return callbacks

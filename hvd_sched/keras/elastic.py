@@ -16,13 +16,14 @@ from .optimizer import scheduled_of
 __all__ = ["ElasticLRScaler", "elastic_state"]
 
 
-def elastic_state(model, **kwargs):
+def elastic_state(model, optimizer=None, **kwargs):
     """Horovod's elastic state of a compiled model and its optimizer, for `hvd.elastic.run`.
 
-    Keras 2: `horovod.tensorflow.keras.elastic.KerasState(model, **kwargs)`. Keras 3, where that class calls
-    Keras 2 APIs (`optimizer.variables()`): Horovod's `horovod.tensorflow.elastic.TensorFlowState` over the
-    `tf.Variable`s behind every model and optimizer variable (the optimizer is built first, so its slots and
-    iteration count are part of the state). Either way Horovod saves, restores and broadcasts the state.
+    Horovod's `KerasState(model, optimizer=None, **kwargs)` arguments and order. Keras 2: that class itself.
+    Keras 3, where it calls Keras 2 APIs (`optimizer.variables()`): Horovod's
+    `horovod.tensorflow.elastic.TensorFlowState` over the `tf.Variable`s behind every model and optimizer
+    variable (the optimizer is built first, so its slots and iteration count are part of the state). Either way
+    Horovod saves, restores and broadcasts the state.
 
     Example:
         >>> state = hvd_sched.keras.elastic_state(model, batch=0, epoch=0)
@@ -30,21 +31,23 @@ def elastic_state(model, **kwargs):
 
     Args:
         model: the compiled model.
+        optimizer: the optimizer whose state is kept; default `model.optimizer`.
         **kwargs: extra state attributes (`batch=0, epoch=0` for Horovod's Keras elastic callbacks).
 
     Returns:
-        The Horovod state object.
+        The Horovod state object (`state.model`, `state.optimizer`).
     """
     if _backend.KERAS_MAJOR == 2:
         import horovod.tensorflow.keras as hvd
 
-        return hvd.elastic.KerasState(model, **kwargs)
+        return hvd.elastic.KerasState(model, optimizer, **kwargs)
     from horovod.tensorflow.elastic import TensorFlowState
 
-    _backend.build_slots(model.optimizer, model.trainable_variables)
-    variables = list(model.variables) + _backend.optimizer_variables(model.optimizer)
+    optimizer = optimizer or model.optimizer
+    _backend.build_slots(optimizer, model.trainable_variables)
+    variables = list(model.variables) + _backend.optimizer_variables(optimizer)
     state = TensorFlowState(_backend.backing_variables(variables), **kwargs)
-    state.model, state.optimizer = model, model.optimizer  # as on KerasState (not synced: the variables are)
+    state.model, state.optimizer = model, optimizer  # as on KerasState (not synced: the variables are)
     return state
 
 

@@ -24,15 +24,25 @@ Like Horovod's `DistributedOptimizer`, `ScheduledOptimizer(opt, schedule)` retur
 
 Wrap in this order: `DistributedOptimizer(ScheduledOptimizer(SGD(...), schedule))`; the gradients are averaged
 first and this class's update runs on the averaged gradients.
+
+The schedule is the one owner of the LR. Reading it outside the compiled step (`opt.learning_rate`, `opt.lr`,
+`backend.get_value(opt.lr)`, `float(...)`) gives `schedule.lr_at(iteration)` of the next step on every Keras;
+every write (`opt.lr = x`, `opt.learning_rate = x`, `backend.set_value(opt.lr, x)`, `opt.learning_rate.assign(x)`,
+so also Keras' `LearningRateScheduler` and `ReduceLROnPlateau` and Horovod's `LearningRateWarmupCallback` and
+`LearningRateScheduleCallback`) raises a TypeError at the write that names the caller and what to put in the
+SOLVER config instead. ReduceLROnPlateau is refused rather than applied as a factor on the schedule: the LR is a
+function of the iteration alone, which is what makes resume, elastic resets and rank agreement exact with no
+further state; a plateau factor would be state of its own (checkpointed, broadcast, logged), and Detectron has
+none.
 """
 
 import sys
 
 from . import _backend, _slots
-from ._scheduled import BOTH_DECAYS, ScheduledBase
+from ._scheduled import BOTH_DECAYS, NO_LEARNING_RATE, ScheduledBase, lr_conflict
 from ._tables import as_schedule
 
-__all__ = ["ScheduledOptimizer", "is_scheduled", "scheduled_of", "scheduled_class", "custom_objects", "load_model"]
+__all__ = ["ScheduledOptimizer", "is_scheduled", "scheduled_of", "scheduled_class", "custom_objects"]
 
 
 _CLASSES = {}
@@ -56,6 +66,12 @@ def scheduled_class(base):
     # and a global registration of it would shadow the custom_objects `hvd.load_model` passes, silently loading
     # a model without its DistributedOptimizer. `hvd_sched.keras.load_model` picks the right one.
     _backend.register(cls)
+    twin = _backend.legacy_twin(base)
+    if twin is not None:
+        # Keras 2's convert_to_legacy_optimizer(<ScheduledAdam>) rebuilds the optimizer from its config under the
+        # lower-cased class name ("scheduledadam") among the legacy optimizers: that name is the scheduled legacy
+        # class, so the conversion keeps the schedule and every option.
+        _backend.register_name(name.lower(), scheduled_class(twin))
     return cls
 
 
@@ -101,9 +117,14 @@ def ScheduledOptimizer(optimizer, schedule, *, momentum_correction=None, correct
     Returns:
         A new optimizer of class `Scheduled<Name>`, a subclass of `type(optimizer)`.
 
+    Any Keras optimizer class can be wrapped, also one whose `__init__` takes no `learning_rate` (it is built as
+    it is and its LR replaced by the schedule), as long as it has a learning rate its update reads (a class
+    without one is a TypeError saying what it needs).
+
     Raises:
-        TypeError: `optimizer` is not a Keras optimizer, or `schedule` is not a schedule.
-        ValueError: the optimizer is already distributed, loss-scaled or scheduled, or an option is invalid.
+        TypeError: `optimizer` is not a Keras optimizer, has no learning rate, or `schedule` is not a schedule.
+        ValueError: the optimizer is already distributed, loss-scaled or scheduled, its learning_rate is itself a
+            schedule or callable (which the schedule would replace), or an option is invalid.
     """
     if is_scheduled(optimizer):
         raise ValueError("this optimizer is already a ScheduledOptimizer; wrap the plain optimizer once")
@@ -117,6 +138,11 @@ def ScheduledOptimizer(optimizer, schedule, *, momentum_correction=None, correct
     if _backend.is_horovod_keras_wrapped(optimizer) or _backend.is_distributed(optimizer):
         raise ValueError("wrap in the other order: hvd_sched.keras.DistributedOptimizer(ScheduledOptimizer(opt, "
                          "schedule)); the distributed optimizer's class cannot be subclassed again")
+    if _backend.learning_rate_of(optimizer) is None:
+        raise TypeError(NO_LEARNING_RATE.format(cls=type(optimizer).__name__))
+    conflict = lr_conflict(optimizer)
+    if conflict:
+        raise ValueError(f"hvd_sched: {conflict}")
     schedule = as_schedule(schedule)
     _slots.resolve_correction_mode(optimizer, schedule, momentum_correction)  # errors name the user's class
     config = optimizer.get_config()
@@ -143,28 +169,6 @@ def scheduled_of(optimizer):
 def custom_objects():
     """Every scheduled class by its plain name, for `tf.keras.models.load_model(..., custom_objects=...)`."""
     return {cls.__name__: cls for cls in _CLASSES.values()}
-
-
-def load_model(path, **kwargs):
-    """Load a model saved with `model.save` whose optimizer is a ScheduledOptimizer, distributed or not.
-
-    On Keras 2, a model compiled with `DistributedOptimizer(ScheduledOptimizer(...))` (Horovod's wrapper) records
-    Horovod's module for its optimizer class, so plain `tf.keras.models.load_model` cannot find the class; this
-    passes the scheduled classes. The optimizer comes back unwrapped, with its iteration count, schedule and momentum slots. (Horovod's
-    own `hvd.load_model` fails on TF 2.15's `.keras` format: `Could not interpret optimizer identifier`.) To go on
-    training on several ranks, rebuild the model with `DistributedOptimizer(ScheduledOptimizer(...))` and
-    restore a `tf.train.Checkpoint` (`EpochCheckpoint` / `restore_latest`) instead.
-
-    Args:
-        path: the `.keras` file or SavedModel directory.
-        **kwargs: passed to `tf.keras.models.load_model` (`custom_objects` for the model's own layers is merged).
-
-    Returns:
-        The compiled model.
-    """
-    objects = dict(kwargs.pop("custom_objects", None) or {})
-    objects.update(custom_objects())
-    return _backend.keras.models.load_model(path, custom_objects=objects, **kwargs)
 
 
 for _base in _backend.BUILTIN_OPTIMIZERS:
