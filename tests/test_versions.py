@@ -8,10 +8,12 @@ e.g. the python images' PYTHON_VERSION=3.11.x, shadows a stage's ARG under podma
 an image (no Docker daemon on the development machines); it reads the files.
 """
 
+import ast
 import importlib.metadata
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -194,6 +196,33 @@ def test_pyproject_never_installs_tensorflow_tf_keras_or_horovod():
         name = requirement.name.lower().replace("_", "-")
         assert not (name.startswith("tensorflow") or name in ("tf-keras", "tf-nightly", "horovod")), (extra, name)
         assert all(spec.operator not in ("==", "===") for spec in requirement.specifier), (extra, str(requirement))
+
+
+def test_setup_py_is_three_lines_and_pyproject_keeps_the_metadata():
+    """The top-level setup.py of the design: `setup()` with no argument (pips without PEP 660 `pip install -e .`
+    through it), so pyproject.toml stays the one place of the name, version, dependencies and packages."""
+    text = (ROOT / "setup.py").read_text()
+    assert len(text.splitlines()) == 3, text
+    tree = ast.parse(text)
+    imports = [(n.module, [a.name for a in n.names]) for n in tree.body if isinstance(n, ast.ImportFrom)]
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
+    assert imports == [("setuptools", ["setup"])] and len(tree.body) == 2, ast.dump(tree)
+    assert [c.func.id for c in calls] == ["setup"] and not calls[0].args and not calls[0].keywords
+    build = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]
+    assert build["build-backend"] == "setuptools.build_meta"
+    assert PYPROJECT["name"] == "hvd_sched" and PYPROJECT["dynamic"] == ["version"]
+
+
+def test_setup_py_reads_name_and_version_from_pyproject(tmp_path):
+    """`python setup.py --name --version` (setuptools reading pyproject.toml), in a copy: nothing written here."""
+    pytest.importorskip("setuptools")
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    shutil.copytree(ROOT / "hvd_sched", tmp_path / "hvd_sched", ignore=shutil.ignore_patterns("__pycache__"))
+    out = subprocess.run([sys.executable, "setup.py", "--name", "--version"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120, check=True).stdout.split()
+    version = re.search(r'__version__ = "([^"]+)"', (ROOT / "hvd_sched" / "_version.py").read_text()).group(1)
+    assert out[-2:] == ["hvd_sched", version], out
 
 
 @pytest.mark.parametrize("stack", STACKS)
