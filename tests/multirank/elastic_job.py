@@ -54,9 +54,11 @@ def after_reset():
 class Record(tf.keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         it = int(optimizer.iterations.numpy()) - 1  # the iteration this batch ran
-        # The LR the step used: Keras 2 keeps it in a variable; Keras 3 evaluates the schedule when asked, so the
-        # same in-graph schedule is evaluated at this batch's iteration.
-        lr_used = (optimizer.learning_rate if KERAS_MAJOR == 2 else optimizer._learning_rate(tf.constant(it, tf.int64)))
+        # The LR the step used: Keras 2 keeps it in a variable (`optimizer.learning_rate` read outside the step is
+        # the next step's); Keras 3 evaluates the schedule when asked, so the same in-graph schedule is evaluated
+        # at this batch's iteration.
+        lr_used = (optimizer._current_learning_rate if KERAS_MAJOR == 2
+                   else optimizer._learning_rate(tf.constant(it, tf.int64)))
         records["batches"].append({"it": it, "size": hvd.size(), "lr_used": float(lr_used.numpy()),
                                    "lr_scheduled": optimizer.lr_at(it), "lr_table": schedule.lr_at(it)})
         if hvd.rank() == 0:
