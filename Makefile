@@ -34,7 +34,7 @@ endif
 
 install: $(STAMP)
 
-$(STAMP): scripts/install.sh scripts/stack.sh scripts/versions.env pyproject.toml
+$(STAMP): scripts/install.sh scripts/mpi.sh scripts/stack.sh scripts/versions.env pyproject.toml
 	bash scripts/install.sh $(VENV)
 	@touch $@
 

