@@ -253,6 +253,8 @@ def main(argv=None):
     """Train, checkpoint, report; returns the exit status. Run it under ``horovodrun`` (or alone, as 1 rank)."""
     args = parse_args(argv)
     hvd.init()
+    # mpirun/srun started N processes that Horovod did not join? Stop here, on every process (README, "Launching").
+    hvd_sched.keras.check_launcher()
     rank, size = hvd.rank(), hvd.size()
     gpus = tf.config.list_physical_devices("GPU")
     for gpu in gpus:

@@ -35,6 +35,7 @@ from .callbacks import LearningRateLogger, ScheduleCallback, horovod_callbacks
 from .checkpoint import EpochCheckpoint, latest_checkpoint, load_model, restore_latest
 from .distributed import AverageMetrics, BroadcastVariables, DistributedCheck, DistributedOptimizer
 from .elastic import ElasticLRScaler, elastic_state
+from ._horovod import LauncherMismatchError, check_launcher
 from .guards import NonFiniteLossError, RankConsistencyCheck, RankMismatchError, StopOnNonFinite
 from .lr_schedule import ScheduleLR
 from .optimizer import ScheduledOptimizer, custom_objects, is_scheduled, scheduled_class, scheduled_of
@@ -45,4 +46,5 @@ __all__ = ["ScheduledOptimizer", "DistributedOptimizer", "ScheduleCallback", "Le
            "load_model", "EpochCheckpoint", "latest_checkpoint", "restore_latest", "StopOnNonFinite",
            "RankConsistencyCheck", "NonFiniteLossError", "RankMismatchError", "DistributedCheck",
            "BroadcastVariables", "AverageMetrics", "ElasticLRScaler", "elastic_state", "build_optimizer", "describe_optimizer",
-           "parameter_groups", "iteration_count", "KERAS_MAJOR"]
+           "parameter_groups", "iteration_count", "KERAS_MAJOR", "check_launcher",
+           "LauncherMismatchError"]

@@ -257,9 +257,25 @@ def is_distributed(optimizer):
 
 
 def distributed_optimizer(optimizer, **kwargs):
-    """Horovod's own `DistributedOptimizer` (it allreduces in `_compute_gradients`, which Keras 2 calls)."""
+    """Horovod's own `DistributedOptimizer` (it allreduces in `_compute_gradients`, which Keras 2 calls).
+
+    With `op=hvd.Adasum` the same optimizer is built by the function behind it (`horovod._keras.
+    create_distributed_optimizer`, with Horovod's defaults): Horovod's Keras front refuses Adasum ("op currently
+    only supports Average and Sum"), but the optimizer it builds reduces each gradient with
+    `horovod.tensorflow.allreduce(op=op)`, which runs Adasum (hvd_sched checked MPI, the rank count and groups).
+    """
+    import horovod.tensorflow as hvd_tf
     import horovod.tensorflow.keras as hvd
 
+    if kwargs.get("op") is not None and kwargs["op"] == hvd_tf.Adasum:
+        import horovod._keras as horovod_keras
+
+        options = {"name": None, "device_dense": "", "device_sparse": "", "compression": hvd.Compression.none,
+                   "sparse_as_dense": False, "gradient_predivide_factor": 1.0, "backward_passes_per_step": 1,
+                   "average_aggregated_gradients": False, "groups": None,
+                   "process_set": hvd_tf.global_process_set, "scale_local_gradients": True}
+        options.update(kwargs)
+        return horovod_keras.create_distributed_optimizer(keras=hvd.keras, optimizer=optimizer, **options)
     return hvd.DistributedOptimizer(optimizer, **kwargs)
 
 

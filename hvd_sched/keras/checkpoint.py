@@ -78,6 +78,7 @@ def restore_latest(directory, model, optimizer=None):
     Returns:
         The checkpoint's metadata dict ("epoch", "iteration", "path", ...), or None if there is none yet.
     """
+    _horovod.check_launcher()
     optimizer = optimizer or model.optimizer
     meta = latest_checkpoint(directory)
     if meta is not None:
@@ -127,6 +128,11 @@ class EpochCheckpoint(_backend.keras.callbacks.Callback):
         self.directory = os.fspath(directory)
         self.keep = keep
         self.root_rank = root_rank
+
+    def on_train_begin(self, logs=None):
+        # Processes that each believe they are rank 0 (a launcher's N processes that Horovod did not join) would
+        # all write this directory: stop them before the first step.
+        _horovod.check_launcher()
 
     def on_epoch_end(self, epoch, logs=None):
         if _horovod.rank() != self.root_rank:

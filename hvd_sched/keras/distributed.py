@@ -90,6 +90,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
             `backward_passes_per_step` together with Keras 3's `gradient_accumulation_steps`, a k other than the
             schedule's ITER_SIZE, accumulation with a LossScaleOptimizer, or Adasum without MPI.
     """
+    _horovod.check_launcher()
     if not _backend.is_optimizer(optimizer):
         raise TypeError(f"DistributedOptimizer wraps a Keras optimizer such as tf.keras.optimizers.SGD("
                         f"momentum=0.9), got {type(optimizer).__name__}: {optimizer!r}")
@@ -98,9 +99,6 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          "wrap the plain optimizer once")
     import horovod.tensorflow as hvd
 
-    problem = _horovod.adasum_problem(op)
-    if problem:
-        raise ValueError(problem)
     k, average = _accumulation(optimizer, backward_passes_per_step, average_aggregated_gradients)
     if num_groups and groups is not None:
         raise ValueError(f"give num_groups ({num_groups!r}) or groups, not both (num_groups is Horovod's "
@@ -111,7 +109,12 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     if isinstance(groups, bool) or (groups is not None and not isinstance(groups, (int, list))):
         raise ValueError(f"groups must be an int >= 0 or a list of lists of variables, got {groups!r}")
     if isinstance(groups, int):
-        groups = _validation.integer("groups", groups, label="groups") or None
+        if groups == 0:  # Horovod's own check and message (num_groups=0 is the default and means none)
+            raise ValueError("groups should be a non-negative integer or a list of list of tf.Variable.")
+        groups = _validation.integer("groups", groups, low=1, label="groups")
+    problem = _horovod.adasum_problem(op, process_set, groups)
+    if problem:
+        raise ValueError(problem)
     if gradient_predivide_factor != 1.0 and (op is not None and op != hvd.Average):
         raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor!r} splits an average; it needs "
                          f"op=hvd.Average, got op={op!r}")
@@ -184,6 +187,7 @@ class DistributedCheck(_backend.keras.callbacks.Callback):
     """
 
     def on_train_begin(self, logs=None):
+        _horovod.check_launcher()
         optimizer = self.model.optimizer
         size = _horovod.size()
         with_collectives = (_backend.is_horovod_keras_wrapped(optimizer) if _backend.KERAS_MAJOR == 2
