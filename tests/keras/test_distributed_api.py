@@ -69,3 +69,21 @@ def test_keras3_a_loss_scale_optimizer_around_the_distributed_one_is_refused():
     # Built the other way round, it trains.
     inside = DistributedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1, momentum=0.9)))
     assert int(_fit(inside).optimizer.iterations.numpy()) == 4
+
+
+def test_groups_zero_is_refused_with_horovods_message_and_num_groups_zero_means_none():
+    with pytest.raises(ValueError, match=r"^groups should be a non-negative integer or a list of list of "
+                                         r"tf\.Variable\.$"):
+        DistributedOptimizer(tf.keras.optimizers.SGD(0.1), groups=0)
+    DistributedOptimizer(tf.keras.optimizers.SGD(0.1), num_groups=0)  # Horovod's default: no groups
+
+
+def test_adasum_is_checked_when_the_optimizer_is_wrapped(horovod):
+    """One process: Adasum needs nothing at size 1 (no reduction is emitted), but groups never go with it."""
+    with pytest.raises(ValueError, match=r"op=hvd.Adasum reduces each gradient on its own .* got groups=2"):
+        DistributedOptimizer(tf.keras.optimizers.SGD(0.1), op=horovod.Adasum, groups=2)
+    if horovod.mpi_built():
+        DistributedOptimizer(tf.keras.optimizers.SGD(0.1), op=horovod.Adasum)
+    else:
+        with pytest.raises(ValueError, match=r"op=hvd.Adasum needs a Horovod built with MPI"):
+            DistributedOptimizer(tf.keras.optimizers.SGD(0.1), op=horovod.Adasum)
