@@ -258,8 +258,7 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
 
 def _distributed_copy(optimizer, variables, compression):
     """`DistributedOptimizer(optimizer)` (a new instance, as Horovod's), built and given `optimizer`'s state."""
-    # Built first: a SavedModel's slots are restored when they are created (deferred restoration).
-    _backend.build_slots(optimizer, variables)
+    _backend.build_slots(optimizer, variables)  # a no-op where the loader built it (.keras, .h5)
     options = {} if compression is None else {"compression": compression}
     distributed = DistributedOptimizer(optimizer, **options)
     _backend.build_slots(distributed, variables)
