@@ -46,7 +46,7 @@ class LauncherMismatchError(RuntimeError):
     """The launcher started N processes that Horovod did not join (each would train alone as rank 0)."""
 
 
-def check_launcher():
+def check_launcher(require_init=True):
     """Raise `LauncherMismatchError` where this process's launcher (mpirun, srun, horovodrun, ...) started N > 1
     processes and Horovod did not join all N (`hvd_sched.launchers.launcher_problem` says which variables count).
 
@@ -54,6 +54,11 @@ def check_launcher():
     `DistributedCheck` and `EpochCheckpoint`: whichever runs first stops the job on every process, before the
     first step and before any checkpoint is written. Cheap (a few environment reads): call it right after
     `hvd.init()` to fail at once.
+
+    Args:
+        require_init: where Horovod is not initialised yet, raise too (True: at train begin, or a user's call
+            after `hvd.init()`), or check nothing (False: an optimizer or callbacks may be built before
+            `hvd.init()`; the train-begin checks then decide).
     """
     try:
         import horovod.tensorflow as hvd
@@ -62,6 +67,8 @@ def check_launcher():
     else:
         initialized = hvd.is_initialized()
         horovod_size = hvd.size() if initialized else 1
+    if not initialized and not require_init:
+        return
     problem = launcher_problem(os.environ, horovod_size, initialized)
     if problem:
         raise LauncherMismatchError(problem)

@@ -179,7 +179,7 @@ def build_optimizer(solver, model, *, world_size=None, steps_per_epoch=None, dia
         TypeError: `model` is not a Keras model, or a config value has the wrong type.
         ValueError: an unbuilt model or one without trainable variables, an option out of range, a bad config.
     """
-    _horovod.check_launcher()
+    _horovod.check_launcher(require_init=False)
     # None (the dialect's default) is allowed but not advertised: a number is what a user means to pass.
     number = _validation.argument_number
     bias_lr_factor = number("bias_lr_factor", bias_lr_factor, allow_none=True, say_none=False)

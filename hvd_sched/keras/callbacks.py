@@ -226,7 +226,7 @@ def horovod_callbacks(schedule_callback=None, *, root_rank=0, average_metrics=Tr
     Returns:
         A list of callbacks for `model.fit(callbacks=...)`.
     """
-    _horovod.check_launcher()
+    _horovod.check_launcher(require_init=False)
     if schedule_callback is not None and not isinstance(schedule_callback, ScheduleCallback):
         raise TypeError(f"schedule_callback must be a ScheduleCallback, got {type(schedule_callback).__name__}")
     callbacks = []

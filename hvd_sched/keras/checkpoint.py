@@ -78,7 +78,7 @@ def restore_latest(directory, model, optimizer=None):
     Returns:
         The checkpoint's metadata dict ("epoch", "iteration", "path", ...), or None if there is none yet.
     """
-    _horovod.check_launcher()
+    _horovod.check_launcher(require_init=False)
     optimizer = optimizer or model.optimizer
     meta = latest_checkpoint(directory)
     if meta is not None:

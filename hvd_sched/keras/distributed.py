@@ -90,7 +90,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
             `backward_passes_per_step` together with Keras 3's `gradient_accumulation_steps`, a k other than the
             schedule's ITER_SIZE, accumulation with a LossScaleOptimizer, or Adasum without MPI.
     """
-    _horovod.check_launcher()
+    _horovod.check_launcher(require_init=False)
     if not _backend.is_optimizer(optimizer):
         raise TypeError(f"DistributedOptimizer wraps a Keras optimizer such as tf.keras.optimizers.SGD("
                         f"momentum=0.9), got {type(optimizer).__name__}: {optimizer!r}")
