@@ -163,6 +163,12 @@ if [ "$gpu" = 1 ] && tf_lacks_as_gpu_stream_value "$py"; then stream_patch=1; sr
 key="horovod-$HOROVOD_VERSION$src_change-tf$TENSORFLOW_VERSION-py$PYTHON_VERSION-$hvd_ops-$(uname -m)"
 wheel_dir="$cache/wheels/$key"
 have_hvd() { "$py" -c "import importlib.metadata as m, sys; sys.exit(m.version('horovod') != '$HOROVOD_VERSION')" 2>/dev/null; }
+# An environment made before Horovod was built with MPI holds the same version without it: replaced by this key's.
+if have_hvd && [ "$mpi_kind" != none ] \
+    && ! "$py" -c "import horovod.tensorflow as hvd, sys; sys.exit(not hvd.mpi_built())" >/dev/null 2>&1; then
+  step "the installed Horovod $HOROVOD_VERSION has no MPI: replacing it with $key"
+  pip uninstall -q -y horovod || die "pip uninstall horovod failed"
+fi
 if ! have_hvd; then
   if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
     minutes="8-12"; [ "$gpu" = 1 ] && minutes="12-18"  # nvcc compiles the kernels for sm_50 ... sm_90 twice

@@ -90,6 +90,8 @@ def test_install_sh_builds_mpi_and_gloo_and_keys_the_wheel_by_the_mpi():
     assert 'hvd_env+=(HOROVOD_WITH_MPI=1 MPI_HOME="$mpi_home" PATH="$mpi_home/bin:$PATH")' in text
     assert 'hvd_ops+="-mpi-$mpi_tag"' in text
     assert "[X\\] MPI" in text and "hvd.mpi_built()" in text and "env -u LD_LIBRARY_PATH" in text
+    # An environment holding the same Horovod version without MPI (made before this change) gets the MPI build.
+    assert 'has no MPI: replacing it with $key' in text and "pip uninstall -q -y horovod" in text
     assert 'patch_mpirun_args "$hvd_src"' in text and 'set_wheel_runpath "$py" "$wheel_dir.tmp" "$gpu" "$bundled_mpi"' \
         in text
 
