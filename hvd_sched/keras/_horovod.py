@@ -46,6 +46,9 @@ class LauncherMismatchError(RuntimeError):
     """The launcher started N processes that Horovod did not join (each would train alone as rank 0)."""
 
 
+LauncherMismatchError.__module__ = "hvd_sched.keras"  # its public name, in tracebacks and pickles
+
+
 def check_launcher(require_init=True):
     """Raise `LauncherMismatchError` where this process's launcher (mpirun, srun, horovodrun, ...) started N > 1
     processes and Horovod did not join all N (`hvd_sched.launchers.launcher_problem` says which variables count).
