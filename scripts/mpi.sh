@@ -11,7 +11,7 @@
 #   patch_mpirun_args SRC
 #                        horovodrun's Open MPI binding flags in the unpacked sdist SRC, spelled as Open MPI 5 takes them
 #
-# Which MPI (docs/launchers.md says why):
+# Which MPI (the README, "Launching", says why):
 #   1. HVD_SCHED_MPI=0: none (a Gloo-only Horovod, as before; mpirun jobs are then stopped by hvd_sched's guard).
 #   2. The cluster's own: MPI_HOME (its bin/mpicxx), else an `mpicxx` on PATH outside the environment. Horovod must
 #      be built against the MPI the cluster's interconnect and launcher (srun's PMIx, the site's mpirun) use.
