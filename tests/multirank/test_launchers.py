@@ -13,6 +13,7 @@ temporary folder (tests/slurmutil.py) and skip where Slurm or munge is not insta
 
 import pathlib
 import re
+import sys
 
 import numpy as np
 import pytest
@@ -137,7 +138,7 @@ def test_sbatch_of_the_example_job_script_trains_as_two_ranks(slurm, tmp_path):
     if reason:
         pytest.skip(reason)
     out = tmp_path / "out"
-    env = {**mpi_env(), **slurm.env, "OUT": str(out), "PYTHON": str(pathlib.Path(__import__("sys").executable))}
+    env = {**mpi_env(), **slurm.env, "OUT": str(out), "PYTHON": sys.executable}
     log = tmp_path / "slurm.out"
     proc = run_command(["sbatch", "--wait", "--chdir", str(ROOT), "-o", str(log), str(SBATCH)], tmp_path, env,
                        timeout=300)
@@ -151,8 +152,6 @@ def test_sbatch_of_the_example_job_script_trains_as_two_ranks(slurm, tmp_path):
 def test_srun_whose_step_horovod_cannot_join_stops_every_task(slurm, tmp_path):
     """`srun -n 2` without --mpi=pmix (Slurm's default MpiDefault=none): Open MPI 5 cannot join the step, so each
     task initialises as rank 0 of 1. Both must stop with the guard's error; no checkpoint is written."""
-    import sys
-
     env = {**mpi_env(), **slurm.env}
     command = ["srun", "-n", "2", sys.executable, str(SCRIPT), *map(str, _demo_args(tmp_path / "out"))]
     proc = run_command(command, tmp_path, env, timeout=240)
