@@ -44,20 +44,7 @@ class RankFailure(AssertionError):
 def run_and_collect(cmd, out_dir, np_, timeout, env_extra, expect_results=True):
     """Run `cmd` (bounded by `timeout`, killing its whole process group) and read rank0..rank{np_-1}.json."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    stdout_path, stderr_path = out_dir / "stdout.txt", out_dir / "stderr.txt"
-    with open(stdout_path, "w") as out, open(stderr_path, "w") as err:
-        # A new session, so a hang kills horovodrun *and* every rank it started.
-        proc = subprocess.Popen(cmd, env=rank_env(out_dir, env_extra), cwd=str(out_dir), stdout=out, stderr=err,
-                                text=True, start_new_session=True)
-        try:
-            proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise RankFailure(f"{' '.join(cmd)} did not finish within {timeout}s\n--- stdout ---\n"
-                              f"{stdout_path.read_text()[-20000:]}\n--- stderr ---\n"
-                              f"{stderr_path.read_text()[-20000:]}") from None
-    proc.stdout, proc.stderr = stdout_path.read_text(), stderr_path.read_text()
+    proc = run_command(cmd, out_dir, env_extra, timeout)
     results = []
     missing = []
     for rank in range(np_):
@@ -140,19 +127,20 @@ def mpi_missing():
 
 
 def run_command(cmd, cwd, env_extra=None, timeout=300):
-    """Run `cmd` (its own process group, killed whole on timeout) with the ranks' environment; returns the
-    CompletedProcess (stdout and stderr as text). A timeout raises RankFailure with the output so far."""
-    env = rank_env(cwd, env_extra)
-    with open(pathlib.Path(cwd) / "stdout.txt", "w") as out, open(pathlib.Path(cwd) / "stderr.txt", "w") as err:
-        proc = subprocess.Popen(cmd, env=env, cwd=str(cwd), stdout=out, stderr=err, text=True,
+    """Run `cmd` in `cwd` (its own process group, killed whole on timeout) with the ranks' environment; returns the
+    CompletedProcess (stdout and stderr as text, also kept in cwd/stdout.txt and stderr.txt). A timeout raises
+    RankFailure with the output so far."""
+    stdout_path, stderr_path = pathlib.Path(cwd) / "stdout.txt", pathlib.Path(cwd) / "stderr.txt"
+    with open(stdout_path, "w") as out, open(stderr_path, "w") as err:
+        # A new session, so a hang kills the launcher *and* every rank it started.
+        proc = subprocess.Popen(cmd, env=rank_env(cwd, env_extra), cwd=str(cwd), stdout=out, stderr=err, text=True,
                                 start_new_session=True)
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            raise RankFailure(f"{' '.join(map(str, cmd))} did not finish within {timeout}s\n"
-                              f"{(pathlib.Path(cwd) / 'stdout.txt').read_text()[-8000:]}\n"
-                              f"{(pathlib.Path(cwd) / 'stderr.txt').read_text()[-8000:]}") from None
-    return subprocess.CompletedProcess(cmd, proc.returncode, (pathlib.Path(cwd) / "stdout.txt").read_text(),
-                                       (pathlib.Path(cwd) / "stderr.txt").read_text())
+            raise RankFailure(f"{' '.join(map(str, cmd))} did not finish within {timeout}s\n--- stdout ---\n"
+                              f"{stdout_path.read_text()[-20000:]}\n--- stderr ---\n"
+                              f"{stderr_path.read_text()[-20000:]}") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout_path.read_text(), stderr_path.read_text())
