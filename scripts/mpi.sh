@@ -20,10 +20,10 @@
 
 _mpi_version_tag() {  # "mpirun --version" of $1 -> openmpi5.0.11 / mpich4.1 / impi2021.9 / mpi
   local out
-  out="$("$1" --version 2>&1 | head -n 3)" || true
-  case "$out" in
+  out="$("$1" --version 2>&1)" || true
+  case "$(echo "$out" | head -n 3)" in
     *"Open MPI"*|*OpenRTE*) echo "openmpi$(echo "$out" | sed -n 's/.*(Open MPI) \([0-9][0-9.]*\).*/\1/p;s/.*(OpenRTE) \([0-9][0-9.]*\).*/\1/p' | head -n 1)" ;;
-    *HYDRA*) echo "mpich$("$1" --version 2>&1 | sed -n 's/^ *Version: *\([0-9][0-9.]*\).*/\1/p' | head -n 1)" ;;
+    *HYDRA*) echo "mpich$(echo "$out" | sed -n 's/^ *Version: *\([0-9][0-9.]*\).*/\1/p' | head -n 1)" ;;
     *"Intel(R) MPI"*) echo "impi$(echo "$out" | sed -n 's/.*Version \([0-9][0-9.]*\).*/\1/p' | head -n 1)" ;;
     *) echo mpi ;;
   esac
