@@ -214,9 +214,14 @@ if ! have_hvd; then
   pip install -q "$wheel_dir"/horovod-*.whl || die "installing the cached Horovod wheel failed (delete $wheel_dir to rebuild)"
 fi
 
-# The check the foundation issue asks for: Horovod must have been built with TensorFlow and Gloo.
 hvdrun="$(dirname "$py")/horovodrun"
 [ -x "$hvdrun" ] || hvdrun="$(command -v horovodrun)" || die "horovodrun not found after install"
+# horovodrun looks for mpirun on PATH only: the bundled Open MPI's is put first by the script itself, so
+# VENV/bin/horovodrun --mpi works from a shell where the environment is not activated (scripts/mpi.sh).
+if [ "$mpi_kind" = bundled ]; then
+  patch_horovodrun_path "$py" "$hvdrun" || die "could not make $hvdrun find the bundled mpirun in $mpi_home/bin"
+fi
+# The check the foundation issue asks for: Horovod must have been built with TensorFlow and Gloo.
 check="$("$hvdrun" --check-build 2>&1)" || { echo "$check" >&2; die "horovodrun --check-build failed"; }
 echo "$check" | grep -q '\[X\] TensorFlow' \
   || { echo "$check" >&2; die "Horovod was built without TensorFlow support (delete $wheel_dir and rerun)"; }

