@@ -124,15 +124,37 @@ def lr_conflict(optimizer):
             "momentum=0.9), and put the whole LR schedule in the hvd_sched schedule (SOLVER config)")
 
 
+def _in_float32(name):
+    """The float comparison `name` ("__eq__", ...) with a number first rounded to float32, as TensorFlow converts
+    it to compare with a float32 variable; anything else is compared as a float compares it."""
+    compare = getattr(float, name)
+
+    def method(self, other):
+        if isinstance(other, (int, float, np.integer, np.floating)) and not isinstance(other, bool):
+            other = float(np.float32(other))
+        return compare(self, other)
+
+    method.__name__ = name
+    return method
+
+
 class ScheduledLearningRate(float):
     """What reading the LR of a ScheduledOptimizer (outside the compiled step) gives: its next step's LR, a float.
 
     `float(...)`, `backend.get_value(...)` and `.numpy()` read it, so Keras' and Horovod's LR callbacks read the
     scheduled value; `assign` (what `backend.set_value(optimizer.lr, x)` calls) raises a TypeError that names the
-    caller and the fix, since a ScheduledOptimizer's LR has one owner, its schedule.
+    caller and the fix, since a ScheduledOptimizer's LR has one owner, its schedule. It compares with a number as
+    the float32 variable it stands in for does (Keras 2 and 3), in float32: `optimizer.learning_rate == 0.002` is true
+    for an LR of float32(0.002) (0.0020000000949949026), as it is for `SGD(learning_rate=0.002)`.
     """
 
     dtype = tf.float32  # read by Keras' backend.set_value before it assigns
+
+    # Keras' own optimizer tests assert `optimizer.learning_rate == 0.002`. The hash stays the float's: like
+    # numpy 2's float32 scalars, a value equal to a float in float32 may hash apart from it.
+    __eq__, __ne__, __lt__, __le__, __gt__, __ge__ = map(
+        _in_float32, ("__eq__", "__ne__", "__lt__", "__le__", "__gt__", "__ge__"))
+    __hash__ = float.__hash__
 
     def __new__(cls, value, owner=""):
         self = super().__new__(cls, value)

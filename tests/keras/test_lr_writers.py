@@ -5,6 +5,10 @@ whose __init__ takes no learning_rate trains under the schedule), an LR that is 
 convert_to_legacy_optimizer, Keras 3's set_weights, Horovod's elastic_state order and BroadcastVariables' arguments.
 """
 
+import json
+import operator
+import unittest
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -77,6 +81,41 @@ def test_every_read_gives_the_schedules_lr_of_the_next_step(schedule, family):
         if hasattr(keras.backend, "get_value"):  # Keras 2; Keras 3's tf.keras.backend keeps it too
             reads += [keras.backend.get_value(opt.lr), keras.backend.get_value(opt.learning_rate)]
         assert [float(r) for r in reads] == [want] * len(reads), (iteration, reads)
+
+
+_COMPARISONS = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
+                ">=": operator.ge}
+_OPERANDS = [0.002, 0.0020000000949949026, np.float32(0.002), np.float64(0.002), 0.0021, 0.001, 0.0020000001, 1]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_lr_read_compares_as_keras_own_lr_does(family):
+    """Keras' own optimizer tests assert `optimizer.learning_rate == 0.002` (testSaveAndLoadOptimizerWithModel):
+    Keras 2's float32 LR variable compares with a number in float32, and so does the LR read of a
+    ScheduledOptimizer there, and on Keras 3 too (its variable also compares in float32)."""
+    constant = hvd_sched.Schedule(base_lr=0.002, lr_policy="steps_with_decay", steps=[0], max_iter=10,
+                                  warm_up_iters=0)
+    opt = ScheduledOptimizer(_sgd(family), constant)
+    model = _compiled(opt)
+    _fit(model, 1)
+    lr = opt.learning_rate
+    assert float(lr) == float(opt.lr) == float(np.float32(0.002)) == 0.0020000000949949026
+    assert f"{lr:.4f}" == "0.0020" and json.dumps(lr) == "0.0020000000949949026" and hash(lr) == hash(float(lr))
+    unittest.TestCase().assertEqual(opt.learning_rate, 0.002)  # as Keras' test does
+    assert opt.learning_rate == 0.002 and 0.002 == opt.learning_rate and not opt.learning_rate != 0.002
+    plain = _sgd(family, learning_rate=0.002).learning_rate
+    for name, compare in _COMPARISONS.items():
+        for operand in _OPERANDS:
+            if KERAS_MAJOR == 3 and isinstance(operand, np.float64):
+                continue  # Keras 3's variable compares an np.float64 in float64; the read rounds it (as Keras 2)
+            assert compare(lr, operand) is bool(compare(plain, operand)), (name, operand)
+    if KERAS_MAJOR == 3:
+        return
+    assert isinstance(plain, tf.Variable) and opt.lr == 0.002
+    # Still the float it was, and still refusing writes.
+    assert isinstance(lr, float) and keras.backend.get_value(lr) == 0.002
+    with pytest.raises(TypeError, match=r"tried to set the learning rate of Scheduled\w*SGD to 0\.5"):
+        keras.backend.set_value(opt.lr, 0.5)
 
 
 # ---------------------------------------------------------------------------------------------- writing the LR
