@@ -21,6 +21,7 @@ from .config import (
     linear_scaled_lr,
     linear_scaled_lr_for_batch,
     load_solver,
+    snapshot_period,
 )
 from .momentum import MODES, correction_factor, correction_factors, lr_change_ratio
 from .policies import POLICIES, WARM_UP_METHODS
@@ -30,6 +31,7 @@ __all__ = [
     "Schedule",
     "from_detectron",
     "load_solver",
+    "snapshot_period",
     "linear_scaled_lr",
     "linear_scaled_lr_for_batch",
     "gradual_warmup_factor",

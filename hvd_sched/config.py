@@ -53,6 +53,7 @@ __all__ = [
     "EPOCH_KEYS",
     "from_detectron",
     "load_solver",
+    "snapshot_period",
     "linear_scaled_lr",
     "linear_scaled_lr_for_batch",
     "gradual_warmup_factor",
@@ -117,6 +118,43 @@ def load_solver(path):
     if not isinstance(section, Mapping):
         raise ValueError(f"{path}: the SOLVER section must be a mapping, got {section!r}")
     return {key: _decode(value) for key, value in section.items()}
+
+
+def snapshot_period(path):
+    """Detectron's checkpoint period of a YAML config, in iterations: ``int(TRAIN.SNAPSHOT_ITERS / NUM_GPUS)``.
+
+    Detectron's ``tools/train_net.py`` (``detectron/utils/train.py``) saves every ``CHECKPOINT_PERIOD =
+    int(cfg.TRAIN.SNAPSHOT_ITERS / cfg.NUM_GPUS)`` iterations (its NUM_GPUS default is 1); the same period is
+    returned here, for ``hvd_sched.keras.TrainingCheckpoint(period=...)``. detectron2's
+    ``SOLVER.CHECKPOINT_PERIOD`` is not a Detectron SOLVER key: write ``TRAIN: {SNAPSHOT_ITERS: N}`` instead.
+
+    Args:
+        path: a Detectron YAML file (``str`` or ``os.PathLike``).
+
+    Returns:
+        The period (an int >= 1), or None where the file sets no ``TRAIN.SNAPSHOT_ITERS`` (then checkpoints are
+        written at epoch ends, and at a stop signal, only).
+
+    Raises:
+        ValueError: SNAPSHOT_ITERS or NUM_GPUS is not an int >= 1, or their quotient is below 1 (values named);
+            the file cannot be read as ``load_solver`` says.
+    """
+    import yaml
+
+    with warnings.catch_warnings():  # only the file's own errors, worded once; the SOLVER keys are not read here
+        warnings.simplefilter("ignore")
+        load_solver(path)
+    with open(os.fspath(path), encoding="utf-8") as stream:
+        document = yaml.safe_load(stream) or {}
+    train = document.get("TRAIN") if isinstance(document, Mapping) else None
+    if not isinstance(train, Mapping) or "SNAPSHOT_ITERS" not in train:
+        return None
+    snapshot_iters = integer("TRAIN.SNAPSHOT_ITERS", _decode(train["SNAPSHOT_ITERS"]), low=1)
+    num_gpus = integer("NUM_GPUS", _decode(document.get("NUM_GPUS", 1)), low=1)
+    period = int(snapshot_iters / num_gpus)
+    if period < 1:
+        raise ValueError(f"TRAIN.SNAPSHOT_ITERS {snapshot_iters} / NUM_GPUS {num_gpus} is below one iteration")
+    return period
 
 
 def _decode(value):

@@ -13,7 +13,10 @@ The same names on Keras 2 (TensorFlow 2.15's `tf.keras`, tf-keras) and Keras 3 (
   `describe_optimizer` says which rules it applies.
 - `horovod_callbacks(...)`: the checks, the initial broadcast, metric averaging, the LR logger, in order.
 - `ScheduleCallback(schedule, ...)`: the same schedule and correction for a plain optimizer.
-- `LearningRateLogger`, `ScheduleLR(schedule)`, `EpochCheckpoint` / `restore_latest`, `StopOnNonFinite`,
+- `TrainingCheckpoint(directory, period=N)`: checkpoints at epoch ends, every N iterations and at SIGTERM/SIGINT
+  (every rank stops at the same iteration; `TrainingInterrupted` ends the process with 128 + the signal);
+  `restore_latest` and `resume_plan` continue a run exactly, inside an epoch too.
+- `LearningRateLogger`, `ScheduleLR(schedule)`, `EpochCheckpoint`, `StopOnNonFinite`,
   `RankConsistencyCheck`, `DistributedCheck`, `ElasticLRScaler` / `elastic_state`.
 
 Example:
@@ -32,7 +35,9 @@ from hvd_sched import _compat  # noqa: F401  (first: stack check; keras -> tf_ke
 from ._backend import KERAS_MAJOR
 from .build import build_optimizer, describe_optimizer, parameter_groups
 from .callbacks import LearningRateLogger, ScheduleCallback, horovod_callbacks
-from .checkpoint import EpochCheckpoint, latest_checkpoint, load_model, restore_latest
+from .checkpoint import (EpochCheckpoint, FitPart, TrainingCheckpoint, TrainingInterrupted, latest_checkpoint,
+                         restore_latest, resume_plan)
+from .saving import load_model
 from .distributed import AverageMetrics, BroadcastVariables, DistributedCheck, DistributedOptimizer
 from .elastic import ElasticLRScaler, elastic_state
 from ._horovod import LauncherMismatchError, check_launcher
@@ -43,7 +48,8 @@ from ._tracking import iteration_count
 
 __all__ = ["ScheduledOptimizer", "DistributedOptimizer", "ScheduleCallback", "LearningRateLogger",
            "horovod_callbacks", "ScheduleLR", "is_scheduled", "scheduled_of", "scheduled_class", "custom_objects",
-           "load_model", "EpochCheckpoint", "latest_checkpoint", "restore_latest", "StopOnNonFinite",
+           "load_model", "TrainingCheckpoint", "TrainingInterrupted", "EpochCheckpoint", "latest_checkpoint",
+           "restore_latest", "resume_plan", "FitPart", "StopOnNonFinite",
            "RankConsistencyCheck", "NonFiniteLossError", "RankMismatchError", "DistributedCheck",
            "BroadcastVariables", "AverageMetrics", "ElasticLRScaler", "elastic_state", "build_optimizer", "describe_optimizer",
            "parameter_groups", "iteration_count", "KERAS_MAJOR", "check_launcher",

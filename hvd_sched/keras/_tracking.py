@@ -6,9 +6,14 @@ micro-batches (Keras 2's `iterations`, Keras 3's `_iterations`), k of them per u
 micro-batch m is m // k.
 """
 
+import weakref
+
 from . import _backend
 
-__all__ = ["IterationTracker", "iteration_count", "epoch_problem"]
+__all__ = ["IterationTracker", "iteration_count", "epoch_problem", "note_restored", "resume_offset"]
+
+# model -> {"meta": the mid-epoch checkpoint it was restored from, "matched": whether a fit has started its rest}
+_RESUMED = weakref.WeakKeyDictionary()
 
 
 def iteration_count(optimizer):
@@ -33,6 +38,43 @@ def epoch_problem(model, steps):
                 f"make the batches per epoch a multiple of {k} (steps_per_epoch={int(steps) // k * k}, or drop "
                 "the remainder of the data set)")
     return None
+
+
+def note_restored(model, meta):
+    """Remember that `model` was restored from `meta`; only a checkpoint saved inside an epoch matters here."""
+    _RESUMED.pop(model, None)
+    if meta is not None and meta.get("step") and meta.get("steps_per_epoch") and \
+            0 < int(meta["step"]) < int(meta["steps_per_epoch"]):
+        _RESUMED[model] = {"meta": meta, "matched": False}
+
+
+def resume_offset(model, epoch, batches):
+    """(problem or None, updates of `epoch` already made) for a fit whose first epoch is `epoch`, of `batches`
+    batches, on a model that `restore_latest` may have restored from inside an epoch.
+
+    That fit must be the rest of the saved epoch: the saved epoch, with exactly its remaining batches; any other
+    would run the schedule and the data out of step with the iteration (silently wrong), so it is a problem.
+    """
+    entry = _RESUMED.get(model)
+    if entry is None:
+        return None, 0
+    meta = entry["meta"]
+    saved_epoch, step, steps = int(meta["epoch"]), int(meta["step"]), int(meta["steps_per_epoch"])
+    k = int(meta.get("micro_batches", 1))
+    remaining = (steps - step) * k
+    if epoch == saved_epoch and (batches is None or int(batches) == remaining):
+        entry["matched"] = True
+        return None, step
+    if entry["matched"] and epoch > saved_epoch:
+        _RESUMED.pop(model, None)
+        return None, 0
+    return (f"hvd_sched: the model was restored from {meta.get('path', 'a checkpoint')}, saved at step {step} of "
+            f"{steps} in epoch {saved_epoch} (iteration {meta['iteration']}), but this fit starts epoch {epoch} "
+            f"with {batches} batches per epoch: the schedule and the data would run out of step with the "
+            f"iteration. Fit the rest of epoch {saved_epoch} first (initial_epoch={saved_epoch}, "
+            f"epochs={saved_epoch + 1}, steps_per_epoch={remaining}, the data skipped by "
+            f"{(saved_epoch * steps + step) * k} batches), then the next epochs: "
+            f"hvd_sched.keras.resume_plan(meta, steps_per_epoch={steps}, epochs=...) gives each fit's arguments"), 0
 
 
 class IterationTracker(_backend.keras.callbacks.Callback):

@@ -9,6 +9,7 @@ import sys
 from ..momentum import correction_factor
 from . import _backend, _horovod, _slots
 from ._tables import as_schedule
+from .checkpoint import TrainingCheckpoint
 from ._tracking import IterationTracker, epoch_problem
 from .distributed import distributed_callbacks
 from .guards import RankConsistencyCheck, StopOnNonFinite
@@ -193,7 +194,7 @@ class LearningRateLogger(IterationTracker):
 
 def horovod_callbacks(schedule_callback=None, *, root_rank=0, average_metrics=True, log_lr=True,
                       per_batch_lr=True, check_ranks=True, stop_on_nonfinite=True, checkpoint_dir=None,
-                      local_variables=None):
+                      local_variables=None, checkpoint=None):
     """The usual callback list of a Horovod Keras job, in the order that works.
 
     1. `RankConsistencyCheck`: fail on every rank, before the first step, if the ranks' schedules, settings or
@@ -207,9 +208,12 @@ def horovod_callbacks(schedule_callback=None, *, root_rank=0, average_metrics=Tr
     4. epoch metrics averaged over ranks, before anything logs them (Horovod's `MetricAverageCallback` on
        Keras 2, `AverageMetrics` on Keras 3);
     5. `schedule_callback` (a ScheduleCallback) if given, else a `LearningRateLogger` (for ScheduledOptimizer);
-    6. `StopOnNonFinite`: a NaN/Inf loss stops the job with the iteration and the LR in the message.
+    6. `StopOnNonFinite`: a NaN/Inf loss stops the job with the iteration and the LR in the message;
+    7. `checkpoint` (a `TrainingCheckpoint`) if given: after the metric averaging (it reads the averaged epoch
+       loss) and after the NaN stop (a non-finite step is never saved), before anything you append (TensorBoard,
+       a progress bar), which a stop at a signal then skips for that batch.
 
-    Append checkpointing (`EpochCheckpoint`) and TensorBoard after these.
+    Append TensorBoard and your own callbacks after these.
 
     Args:
         schedule_callback: a ScheduleCallback for users who keep their own optimizer, or None.
@@ -219,9 +223,10 @@ def horovod_callbacks(schedule_callback=None, *, root_rank=0, average_metrics=Tr
         per_batch_lr: the logger also writes batch logs.
         check_ranks: include RankConsistencyCheck.
         stop_on_nonfinite: include StopOnNonFinite.
-        checkpoint_dir: the EpochCheckpoint directory, named in StopOnNonFinite's message.
+        checkpoint_dir: the checkpoint directory, named in StopOnNonFinite's message (default: `checkpoint`'s).
         local_variables: variables each rank keeps as it is, left out of the initial broadcast (Horovod's
             `BroadcastGlobalVariablesCallback(local_variables=...)`).
+        checkpoint: a `TrainingCheckpoint` (or `EpochCheckpoint`) to put in its place, or None.
 
     Returns:
         A list of callbacks for `model.fit(callbacks=...)`.
@@ -229,6 +234,10 @@ def horovod_callbacks(schedule_callback=None, *, root_rank=0, average_metrics=Tr
     _horovod.check_launcher(require_init=False)
     if schedule_callback is not None and not isinstance(schedule_callback, ScheduleCallback):
         raise TypeError(f"schedule_callback must be a ScheduleCallback, got {type(schedule_callback).__name__}")
+    if checkpoint is not None and not isinstance(checkpoint, TrainingCheckpoint):
+        raise TypeError(f"checkpoint must be a hvd_sched.keras.TrainingCheckpoint, got {type(checkpoint).__name__}")
+    if checkpoint is not None and checkpoint_dir is None:
+        checkpoint_dir = checkpoint.directory
     callbacks = []
     if check_ranks:
         callbacks.append(RankConsistencyCheck(schedule_callback.schedule if schedule_callback else None))
@@ -239,4 +248,6 @@ def horovod_callbacks(schedule_callback=None, *, root_rank=0, average_metrics=Tr
         callbacks.append(LearningRateLogger(per_batch=per_batch_lr))
     if stop_on_nonfinite:
         callbacks.append(StopOnNonFinite(checkpoint_dir))
+    if checkpoint is not None:
+        callbacks.append(checkpoint)
     return callbacks

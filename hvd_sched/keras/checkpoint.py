@@ -1,17 +1,24 @@
-"""Per-epoch checkpoints that a killed process cannot tear, restoring the latest on every rank, and `load_model`
-(Horovod's `hvd.load_model`: a saved model back with its optimizer distributed).
+"""Checkpoints that a killed process cannot tear: at epoch ends, every N iterations, and at a scheduler's signal,
+with every rank stopping at the same iteration; restoring the newest on every rank, and resuming inside an epoch.
 
 Layout of a checkpoint directory:
 
-    DIR/epoch-0003/ckpt.index, ckpt.data-*   a complete `tf.train.Checkpoint(model=, optimizer=)`
-    DIR/epoch-0003/meta.json                 {"epoch": 3, "iteration": 120, ...}
-    DIR/latest                               "epoch-0003": the newest complete checkpoint
+    DIR/epoch-0003/ckpt.index, ckpt.data-*   a complete `tf.train.Checkpoint(model=, optimizer=)` at an epoch end
+    DIR/iter-00000100/...                    the same, inside an epoch (a periodic or a signal's checkpoint)
+    DIR/*/meta.json                          {"epoch": 4, "step": 12, "steps_per_epoch": 22, "iteration": 100, ...}
+    DIR/latest                               "iter-00000100": the newest complete checkpoint
+
+`meta.json`: "iteration" is the updates made (Detectron's iteration); "epoch" the Keras epoch (0-based) the
+checkpoint was saved in and "step" the updates made in it, out of "steps_per_epoch" (an epoch-end checkpoint has
+step == steps_per_epoch); "micro_batches" the micro-batches per update; "signal" the signal that stopped the job
+("SIGTERM"), or null.
 
 Rank 0 writes each checkpoint into a temporary folder, fsyncs it, renames the folder into place, and only then
 replaces `latest` (write a temporary file, fsync, `os.replace`). A process killed at any moment therefore leaves
 `latest` naming a complete checkpoint; the torn temporary folder is removed at the next save.
 """
 
+import collections
 import json
 import os
 import shutil
@@ -21,13 +28,12 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from . import _backend, _horovod
-from ._tracking import iteration_count
-from .distributed import DistributedOptimizer
-from .optimizer import custom_objects as scheduled_objects
-from .optimizer import scheduled_class, scheduled_of
+from .. import _validation
+from . import _backend, _horovod, _stop
+from ._tracking import iteration_count, note_restored, resume_offset
 
-__all__ = ["EpochCheckpoint", "latest_checkpoint", "restore_latest", "load_model"]
+__all__ = ["TrainingCheckpoint", "EpochCheckpoint", "TrainingInterrupted", "latest_checkpoint", "restore_latest",
+           "resume_plan", "FitPart", "write_checkpoint"]
 
 _LATEST = "latest"
 _PREFIX = "ckpt"
@@ -63,20 +69,71 @@ def latest_checkpoint(directory):
     return meta
 
 
+def _iteration_of(path):
+    """The iteration a checkpoint folder holds (its meta.json), or -1 where it cannot be read."""
+    try:
+        with open(os.path.join(path, "meta.json")) as f:
+            return int(json.load(f)["iteration"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return -1
+
+
+def write_checkpoint(directory, model, meta, keep=3, optimizer=None):
+    """Write `model` and its optimizer into `directory` atomically, point `latest` at it, keep the `keep` newest.
+
+    The folder is `epoch-EEEE` where `meta["step"] == meta["steps_per_epoch"]` (an epoch end), else
+    `iter-IIIIIIII`. Call it on one rank (the others hold the same state). Returns the checkpoint's path.
+    """
+    os.makedirs(directory, exist_ok=True)
+    for entry in os.listdir(directory):  # a save torn by a killed process
+        if entry.startswith(".tmp-"):
+            shutil.rmtree(os.path.join(directory, entry), ignore_errors=True)
+    steps = meta.get("steps_per_epoch")
+    at_epoch_end = meta.get("step") is None or (steps is not None and meta["step"] >= steps)
+    name = f"epoch-{meta['epoch']:04d}" if at_epoch_end else f"iter-{meta['iteration']:08d}"
+    final = os.path.join(directory, name)
+    tmp = os.path.join(directory, f".tmp-{name}-{os.getpid()}")
+    os.makedirs(tmp)
+    tf.train.Checkpoint(model=model, optimizer=optimizer or model.optimizer).write(os.path.join(tmp, _PREFIX))
+    with open(os.path.join(tmp, "meta.json"), "w") as f:
+        json.dump(meta, f)
+    _fsync_tree(tmp)
+    if os.path.exists(final):  # the same epoch or iteration again, after a resume
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    pointer_tmp = os.path.join(directory, f".{_LATEST}.tmp")
+    with open(pointer_tmp, "w") as f:
+        f.write(name)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(pointer_tmp, os.path.join(directory, _LATEST))
+    _fsync_dir(directory)
+    # The `keep` newest up to this one (a resumed run may find newer folders of an abandoned run: left alone).
+    saved = sorted((_iteration_of(os.path.join(directory, e)), e.startswith("epoch-"), e)
+                   for e in os.listdir(directory) if e.startswith(("epoch-", "iter-")))
+    older = [entry for entry in saved if entry[:2] <= (meta["iteration"], at_epoch_end)]
+    for _, _, entry in older[:-keep]:
+        shutil.rmtree(os.path.join(directory, entry), ignore_errors=True)
+    return final
+
+
 def restore_latest(directory, model, optimizer=None):
     """Restore the newest complete checkpoint of `directory` into `model` (and its optimizer) on every rank.
 
     Every rank reads the checkpoint (a shared or copied directory); under Horovod rank 0's metadata and then
     its variables are broadcast as well, so ranks that could not read it, or read a different one, agree.
-    Continue with `model.fit(..., initial_epoch=meta["epoch"] + 1)`.
+    Continue with the fits of `resume_plan(meta, ...)`: for an epoch-end checkpoint that is
+    `model.fit(..., initial_epoch=meta["epoch"] + 1)`; a checkpoint saved inside an epoch first needs the rest
+    of that epoch (a fit that does otherwise is stopped before its first step, naming the fix).
 
     Args:
-        directory: the EpochCheckpoint directory.
+        directory: the TrainingCheckpoint directory.
         model: the compiled model to restore into.
         optimizer: default `model.optimizer`.
 
     Returns:
-        The checkpoint's metadata dict ("epoch", "iteration", "path", ...), or None if there is none yet.
+        The checkpoint's metadata dict ("epoch", "step", "steps_per_epoch", "iteration", "path", ...), or None if
+        there is none yet.
     """
     _horovod.check_launcher(require_init=False)
     optimizer = optimizer or model.optimizer
@@ -92,6 +149,7 @@ def restore_latest(directory, model, optimizer=None):
             _backend.build_slots(optimizer, model.trainable_variables)
             variables = list(model.variables) + _backend.optimizer_variables(optimizer)
             hvd.broadcast_variables(_backend.backing_variables(variables), root_rank=0)
+    note_restored(model, meta)
     return meta
 
 
@@ -103,8 +161,260 @@ def _initialized_horovod():
     return hvd if hvd.is_initialized() else None
 
 
-class EpochCheckpoint(_backend.keras.callbacks.Callback):
-    """At each epoch end, rank 0 writes model + optimizer state atomically (see the module docstring).
+#: One `model.fit` of a resumed run: its `initial_epoch`, `epochs`, `steps_per_epoch` (Keras batches, i.e.
+#: micro-batches) and `skip_batches`, the micro-batches of the data stream consumed before it.
+FitPart = collections.namedtuple("FitPart", ["initial_epoch", "epochs", "steps_per_epoch", "skip_batches"])
+
+
+def resume_plan(meta, steps_per_epoch, epochs, micro_batches=1):
+    """The `model.fit` calls that continue a run from checkpoint `meta` (None: from scratch) to `epochs`.
+
+    A checkpoint saved inside an epoch (a periodic one, or a signal's) needs two fits: the rest of its epoch, then
+    the next epochs; an epoch-end checkpoint one. `skip_batches` counts the micro-batches of a data stream that
+    starts at iteration 0 and runs on across epochs (the example's `dataset.skip(n)`), so a resumed run sees the
+    batches the uninterrupted one would have.
+
+    Example:
+        >>> meta = hvd_sched.keras.restore_latest("runs/ckpt", model)
+        >>> for part in hvd_sched.keras.resume_plan(meta, steps_per_epoch=22, epochs=8):
+        ...     model.fit(make_dataset(skip=part.skip_batches), initial_epoch=part.initial_epoch,
+        ...               epochs=part.epochs, steps_per_epoch=part.steps_per_epoch, callbacks=callbacks)
+
+    Args:
+        meta: what `restore_latest` returned.
+        steps_per_epoch: iterations (updates) per epoch, as the checkpoint was trained with.
+        epochs: the epochs of the whole run.
+        micro_batches: micro-batches per update (ITER_SIZE / backward_passes_per_step).
+
+    Returns:
+        A list of `FitPart` (empty where the checkpoint already ends the run).
+
+    Raises:
+        ValueError: the checkpoint was saved inside an epoch of another length or accumulation (the data and the
+            schedule could not continue exactly).
+    """
+    steps = _validation.integer("steps_per_epoch", steps_per_epoch, low=1, label="steps_per_epoch")
+    epochs = _validation.integer("epochs", epochs, low=0, label="epochs")
+    k = _validation.integer("micro_batches", micro_batches, low=1, label="micro_batches")
+    parts = []
+    start = 0
+    if meta is not None:
+        step, saved_steps = meta.get("step"), meta.get("steps_per_epoch")
+        if step is not None and 0 < step and (saved_steps is None or step < saved_steps):
+            if (saved_steps or steps, meta.get("micro_batches", 1)) != (steps, k) or step >= steps:
+                raise ValueError(
+                    f"the checkpoint {meta.get('path', '')} was saved at step {step} of an epoch of {saved_steps} "
+                    f"iterations of {meta.get('micro_batches', 1)} micro-batches; this run has {steps} of {k}, so "
+                    "its data and schedule cannot continue exactly; resume with the same data, batch size, ranks "
+                    "and ITER_SIZE (or from an epoch-end checkpoint)")
+            epoch = int(meta["epoch"])
+            if epoch < epochs:
+                parts.append(FitPart(epoch, epoch + 1, (steps - step) * k, (epoch * steps + step) * k))
+            start = epoch + 1
+        else:
+            start = int(meta["epoch"]) + 1
+    if start < epochs:
+        parts.append(FitPart(start, epochs, steps * k, start * steps * k))
+    return parts
+
+
+class TrainingInterrupted(SystemExit):
+    """Raised on every rank by `TrainingCheckpoint` once the ranks have agreed to stop and the checkpoint is
+    saved: it leaves `model.fit` and, uncaught, ends the process with status `128 + signal number` (143 for
+    SIGTERM, 130 for SIGINT, 138 for SIGUSR1 on Linux), as a shell reports a process the signal ended, so
+    launchers and schedulers see an unfinished job. A subclass of SystemExit: `except Exception` does not catch
+    it; `except TrainingInterrupted` does.
+
+    Attributes:
+        signal: the signal's name ("SIGTERM"); iteration: the iteration stopped at; path: the checkpoint saved
+        (None where the loss was not finite and the previous checkpoint stays the latest).
+    """
+
+    def __init__(self, signal, iteration, path, code):
+        super().__init__(code)
+        self.signal, self.iteration, self.path = signal, iteration, path
+
+    def __reduce__(self):
+        return type(self), (self.signal, self.iteration, self.path, self.code)
+
+
+class TrainingCheckpoint(_backend.keras.callbacks.Callback):
+    """Checkpoints at epoch ends, every `period` iterations, and when the job is asked to stop by a signal.
+
+    Rank `root_rank` writes (atomically: see the module docstring); the others hold the same state. The saved
+    state is the model's and the optimizer's variables (weights, slots, iteration): a resumed run continues the
+    schedule, its momentum corrections and the accumulation exactly (`resume_plan` for the data position).
+
+    Signals (`stop_signals`, default SIGTERM and SIGINT): the handler only records the signal. At update
+    boundaries (never inside a gradient accumulation) the ranks agree with one Horovod allgather whether any
+    rank received one; they do so at the same iterations, about every `agree_every` seconds (rank 0 measures the
+    step time and proposes the next iteration; at least every iteration where a step is slower). When one did,
+    `root_rank` saves, every rank waits for the save, and every rank raises `TrainingInterrupted` (exit status
+    128 + the signal's number). Signals are handled from train begin to train end; outside `fit` they act as
+    they did before.
+
+    Example:
+        >>> meta = hvd_sched.keras.restore_latest("runs/ckpt", model)
+        >>> checkpoint = hvd_sched.keras.TrainingCheckpoint("runs/ckpt", period=500)
+        >>> for part in hvd_sched.keras.resume_plan(meta, steps_per_epoch=steps, epochs=10):
+        ...     model.fit(make_dataset(skip=part.skip_batches), initial_epoch=part.initial_epoch,
+        ...               epochs=part.epochs, steps_per_epoch=part.steps_per_epoch,
+        ...               callbacks=hvd_sched.keras.horovod_callbacks() + [checkpoint])
+
+    Args:
+        directory: where checkpoints go (created on rank 0).
+        keep: how many complete checkpoints to keep (oldest removed first), int >= 1.
+        period: also save every `period` iterations (Detectron's TRAIN.SNAPSHOT_ITERS / NUM_GPUS,
+            detectron2's CHECKPOINT_PERIOD: `hvd_sched.snapshot_period(config)`); None: epoch ends only.
+        stop_signals: the signals that stop the job with a checkpoint (names or numbers); () handles none.
+        agree_every: seconds between two agreements (a float > 0); the stop lands within about this time plus
+            one step after the signal.
+        root_rank: the rank that writes.
+    """
+
+    def __init__(self, directory, keep=3, period=None, stop_signals=_stop.DEFAULT_SIGNALS, agree_every=0.25,
+                 root_rank=0):
+        super().__init__()
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"keep must be an int >= 1, got {keep!r}")
+        if period is not None:
+            period = _validation.integer("period", period, low=1, label="period")
+        if isinstance(agree_every, bool) or not isinstance(agree_every, (int, float)) or not agree_every > 0:
+            raise ValueError(f"agree_every must be a number of seconds > 0, got {agree_every!r}")
+        if isinstance(root_rank, bool) or not isinstance(root_rank, int) or root_rank < 0:
+            raise ValueError(f"root_rank must be an int >= 0, got {root_rank!r}")
+        self.directory = os.fspath(directory)
+        self.keep, self.period, self.root_rank = keep, period, root_rank
+        self.stop_signals = _stop.signal_numbers(stop_signals)
+        self.agree_every = float(agree_every)
+        self._requests = _stop.StopRequests(self.stop_signals)
+        self._k = 1
+        self._epoch = self._epoch_start = self._step0 = self._steps = None
+        self._first_epoch = True
+        self._next_agreement = self._last_agreement = None
+        self._last_period = None
+        if period is None and not self.stop_signals:
+            # Nothing to do between batches: Keras skips batch hooks still marked as the default (a faster loop).
+            self.on_train_batch_end = _backend.keras.callbacks.Callback.on_train_batch_end.__get__(self)
+
+    # ------------------------------------------------------------------------------------------ Keras hooks
+
+    def on_train_begin(self, logs=None):
+        # Processes that each believe they are rank 0 (a launcher's N processes that Horovod did not join) would
+        # all write this directory: stop them before the first step.
+        _horovod.check_launcher()
+        optimizer = self.model.optimizer
+        self._k = _backend.micro_batches(optimizer)
+        self._first_epoch = True
+        self._next_agreement = self._last_agreement = None
+        self._requests.install()
+        if self.period is not None:
+            self._last_period = iteration_count(optimizer) // self.period
+
+    def on_train_end(self, logs=None):
+        self._requests.uninstall()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        batches = (self.params or {}).get("steps")
+        offset = 0
+        if self._first_epoch:
+            problem, offset = resume_offset(self.model, epoch, batches)
+            if problem:
+                self._requests.uninstall()
+                raise ValueError(problem)
+            self._first_epoch = False
+        self._epoch, self._step0 = epoch, offset
+        self._epoch_start = iteration_count(self.model.optimizer)
+        self._steps = None if batches is None else offset + int(batches) // self._k
+
+    def on_train_batch_end(self, batch, logs=None):
+        count = _backend.micro_batch_count(self.model.optimizer)
+        if count % self._k:
+            return  # inside an update: the accumulators are in no checkpoint
+        iteration = count // self._k
+        if self._requests.signals and (self._next_agreement is None or iteration >= self._next_agreement):
+            self._agree(iteration, logs)
+        if self.period is not None and iteration // self.period > self._last_period:
+            self._last_period = iteration // self.period
+            step = self._step(iteration)
+            if step != self._steps and _horovod.rank() == self.root_rank and _finite(logs):
+                self._save(iteration, step, self._steps)
+
+    def on_epoch_end(self, epoch, logs=None):
+        iteration = iteration_count(self.model.optimizer)
+        path = None
+        if _horovod.rank() == self.root_rank:
+            if _finite(logs):
+                step = self._step(iteration)
+                path = self._save(iteration, step, step)
+            else:
+                print(f"hvd_sched: epoch {epoch} ended with loss {logs['loss']}; not saving it, the latest "
+                      f"checkpoint stays {latest_checkpoint(self.directory)}", file=sys.stderr, flush=True)
+        # An epoch end is an update boundary on every rank: agree there too (one allgather per epoch), so a
+        # signal that came during validation stops the job before the next epoch, with this checkpoint.
+        if self._requests.signals:
+            received, _ = _stop.agree(self._requests.received, 1)
+            if received:
+                self._stop_now(received, iteration, logs, saved=path)
+
+    # ------------------------------------------------------------------------------------------ the work
+
+    def save(self, epoch):
+        """Write the checkpoint of the end of `epoch` and point `latest` at it; returns its path."""
+        self._epoch = epoch
+        steps = self._steps or 0
+        return self._save(iteration_count(self.model.optimizer), steps, steps)
+
+    def _step(self, iteration):
+        """Updates made in the current epoch after `iteration`."""
+        return self._step0 + iteration - self._epoch_start
+
+    def _save(self, iteration, step, steps, signal=None):
+        meta = {"epoch": int(self._epoch), "step": int(step), "steps_per_epoch": None if steps is None else int(steps),
+                "iteration": int(iteration), "micro_batches": self._k, "signal": signal, "time": time.time()}
+        return write_checkpoint(self.directory, self.model, meta, self.keep)
+
+    def _agree(self, iteration, logs):
+        now = time.monotonic()
+        proposal = 1
+        if _horovod.rank() == 0 and self._last_agreement is not None:
+            then, at = self._last_agreement
+            if iteration > at and now > then:
+                proposal = int(min(max(self.agree_every / ((now - then) / (iteration - at)), 1), 100000))
+        received, interval = _stop.agree(self._requests.received, proposal)
+        self._last_agreement = (now, iteration)
+        self._next_agreement = iteration + max(int(interval), 1)
+        if received:
+            self._stop_now(received, iteration, logs)
+
+    def _stop_now(self, number, iteration, logs, saved=None):
+        name = _stop.signal_name(number)
+        started = time.monotonic()
+        path = saved
+        if path is None and _horovod.rank() == self.root_rank and _finite(logs):
+            step = self._step(iteration)
+            path = self._save(iteration, step, self._steps, signal=name)
+        path = _stop.share_from_root(path, self.root_rank)  # no rank leaves before the save is on disk
+        seconds = time.monotonic() - started
+        self._requests.uninstall()
+        code = 128 + int(number)
+        if _horovod.rank() == self.root_rank:
+            where = (f"saved {path} in {seconds:.2f} s" if path else
+                     f"the loss is not finite: not saved, the latest checkpoint stays "
+                     f"{latest_checkpoint(self.directory)}")
+            print(f"hvd_sched: {name}: every rank stopped at iteration {iteration} (step {self._step(iteration)} "
+                  f"of epoch {self._epoch}); {where}; exiting with status {code}", file=sys.stderr, flush=True)
+        self.model.stop_training = True
+        raise TrainingInterrupted(name, iteration, path, code)
+
+
+def _finite(logs):
+    loss = (logs or {}).get("loss")
+    return loss is None or bool(np.isfinite(float(loss)))
+
+
+class EpochCheckpoint(TrainingCheckpoint):
+    """`TrainingCheckpoint` at epoch ends only, handling no signal unless asked (the form of earlier releases).
 
     Training state is the optimizer's iteration counter and slots, so a restored model continues the schedule
     exactly. An epoch whose loss is NaN/Inf is not saved: the latest checkpoint stays the last good one.
@@ -119,157 +429,9 @@ class EpochCheckpoint(_backend.keras.callbacks.Callback):
         directory: where checkpoints go (created on rank 0).
         keep: how many complete checkpoints to keep (oldest removed first).
         root_rank: the rank that writes.
+        period, stop_signals, agree_every: as `TrainingCheckpoint` (default: none, none, 0.25).
     """
 
-    def __init__(self, directory, keep=3, root_rank=0):
-        super().__init__()
-        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
-            raise ValueError(f"keep must be an int >= 1, got {keep!r}")
-        self.directory = os.fspath(directory)
-        self.keep = keep
-        self.root_rank = root_rank
-
-    def on_train_begin(self, logs=None):
-        # Processes that each believe they are rank 0 (a launcher's N processes that Horovod did not join) would
-        # all write this directory: stop them before the first step.
-        _horovod.check_launcher()
-
-    def on_epoch_end(self, epoch, logs=None):
-        if _horovod.rank() != self.root_rank:
-            return
-        loss = (logs or {}).get("loss")
-        if loss is not None and not np.isfinite(loss):
-            print(f"hvd_sched: epoch {epoch} ended with loss {loss}; not saving it, the latest checkpoint stays "
-                  f"{latest_checkpoint(self.directory)}", file=sys.stderr, flush=True)
-            return
-        self.save(epoch)
-
-    def save(self, epoch):
-        """Write the checkpoint of `epoch` and point `latest` at it; returns its path."""
-        os.makedirs(self.directory, exist_ok=True)
-        self._remove_torn()
-        name = f"epoch-{epoch:04d}"
-        final = os.path.join(self.directory, name)
-        tmp = os.path.join(self.directory, f".tmp-{name}-{os.getpid()}")
-        os.makedirs(tmp)
-        optimizer = self.model.optimizer
-        tf.train.Checkpoint(model=self.model, optimizer=optimizer).write(os.path.join(tmp, _PREFIX))
-        meta = {"epoch": int(epoch), "iteration": iteration_count(optimizer),
-                "time": time.time()}
-        with open(os.path.join(tmp, "meta.json"), "w") as f:
-            json.dump(meta, f)
-        _fsync_tree(tmp)
-        if os.path.exists(final):  # re-running an epoch after a resume
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-        pointer_tmp = os.path.join(self.directory, f".{_LATEST}.tmp")
-        with open(pointer_tmp, "w") as f:
-            f.write(name)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(pointer_tmp, os.path.join(self.directory, _LATEST))
-        _fsync_dir(self.directory)
-        self._remove_old(name)
-        return final
-
-    def _remove_torn(self):
-        for entry in os.listdir(self.directory):
-            if entry.startswith(".tmp-"):
-                shutil.rmtree(os.path.join(self.directory, entry), ignore_errors=True)
-
-    def _remove_old(self, newest):
-        complete = sorted(e for e in os.listdir(self.directory) if e.startswith("epoch-") and e <= newest)
-        for entry in complete[:-self.keep]:
-            shutil.rmtree(os.path.join(self.directory, entry), ignore_errors=True)
-
-
-def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=None, legacy_opts=False,
-               **kwargs):
-    """Horovod's `hvd.load_model`: a saved model back, its optimizer wrapped in `DistributedOptimizer`.
-
-    The optimizer the model was saved with (a ScheduledOptimizer, distributed or not, or a plain one) comes back
-    as `hvd_sched.keras.DistributedOptimizer(<it>, compression=compression)`, with its schedule, options, slots
-    and iteration, so a resumed multi-rank job goes on where it stopped. Works for what `model.save` writes where
-    Keras saves the optimizer: `.keras` (Keras 2 and 3), `.h5` and a SavedModel directory (Keras 2; its optimizer
-    state is read back from the SavedModel's checkpoint, which Keras 2's loader leaves unread). Keras 3's `.h5`
-    loader drops the optimizer's slots: refused there. Keras 2 records Horovod's
-    module for the class of a distributed optimizer, so plain `tf.keras.models.load_model` cannot find it; and
-    Horovod's own `hvd.load_model` fails on the `.keras` format (its factories have no `from_config`) and does not
-    know the scheduled classes. Horovod is initialised here if it is not yet (`hvd.init()`). To load without
-    Horovod: `tf.keras.models.load_model(path, custom_objects=hvd_sched.keras.custom_objects())`.
-
-    Example:
-        >>> hvd.init()
-        >>> model = hvd_sched.keras.load_model("runs/model.keras")   # every rank
-        >>> model.fit(x, y, initial_epoch=2, epochs=3, callbacks=hvd_sched.keras.horovod_callbacks())
-
-    Args:
-        filepath: the `.keras` / `.h5` file or SavedModel directory.
-        custom_optimizers: optimizer classes of your own the model may have been saved with (their scheduled
-            classes are found too), as Horovod's argument.
-        custom_objects: name -> class or function for the model's own layers, losses, ...; they take precedence.
-        compression: Horovod's gradient compression for the DistributedOptimizer (None: `Compression.none`).
-        legacy_opts: Horovod's flag for Keras 2's legacy optimizers; accepted for its signature (the optimizer is
-            wrapped whatever its family). Keras 3 has no legacy optimizers: True is a ValueError there.
-        **kwargs: passed to Keras' `load_model` (`compile`, `safe_mode`, `options`, ...).
-
-    Returns:
-        The model; compiled with the distributed optimizer where it was saved with an optimizer.
-
-    Raises:
-        TypeError: a `custom_optimizers` entry is not an optimizer class.
-        ValueError: `legacy_opts=True` or an `.h5` file on Keras 3; the loaded optimizer's state does not fit the
-            distributed one.
-    """
-    if legacy_opts and _backend.KERAS_MAJOR == 3:
-        raise ValueError("legacy_opts=True: Keras 3 has no legacy optimizers (tf.keras.optimizers.legacy); "
-                         "leave legacy_opts out")
-    objects = {}
-    for cls in custom_optimizers or ():
-        if not (isinstance(cls, type) and issubclass(cls, _backend.OPTIMIZER_TYPES)):
-            raise TypeError(f"custom_optimizers must list optimizer classes (e.g. [MyOptimizer]), got {cls!r}")
-        objects[cls.__name__] = cls
-        scheduled = scheduled_class(cls)
-        objects[scheduled.__name__] = scheduled
-    objects.update(scheduled_objects())
-    objects.update(custom_objects or {})
-    path = os.fspath(filepath) if isinstance(filepath, (str, os.PathLike)) else None
-    if _backend.KERAS_MAJOR == 3 and path is not None and path.endswith((".h5", ".hdf5")):
-        raise ValueError(f"hvd_sched.keras.load_model({path!r}): Keras 3 does not restore an optimizer from .h5 "
-                         "(its legacy loader builds the optimizer for none of the model's variables, so the slots "
-                         "are dropped), and a resumed job would start from fresh slots; save with "
-                         "model.save('model.keras'), or load the weights alone with keras.models.load_model")
-    import horovod.tensorflow as hvd
-
-    if not hvd.is_initialized():
-        hvd.init()
-    model = _backend.keras.models.load_model(filepath, custom_objects=objects, **kwargs)
-    optimizer = getattr(model, "optimizer", None)
-    if not _backend.is_optimizer(optimizer) or _backend.is_distributed(optimizer):
-        return model
-    if _backend.KERAS_MAJOR == 2 and path is not None and tf.saved_model.contains_saved_model(path):
-        # Keras 2 compiles a fresh optimizer when it loads a SavedModel: the saved iteration and slots sit in the
-        # SavedModel's checkpoint (the model is its root), which Keras does not read back. Read them from there.
-        _backend.build_slots(optimizer, model.trainable_variables)
-        tf.train.Checkpoint(root=model).read(os.path.join(path, "variables", "variables")).expect_partial()
-    model.optimizer = _distributed_copy(optimizer, model.trainable_variables, compression)
-    return model
-
-
-def _distributed_copy(optimizer, variables, compression):
-    """`DistributedOptimizer(optimizer)` (a new instance, as Horovod's), built and given `optimizer`'s state."""
-    _backend.build_slots(optimizer, variables)  # a no-op where the loader built it (.keras, .h5)
-    options = {} if compression is None else {"compression": compression}
-    distributed = DistributedOptimizer(optimizer, **options)
-    _backend.build_slots(distributed, variables)
-    source, target = _backend.optimizer_variables(optimizer), _backend.optimizer_variables(distributed)
-    if len(source) != len(target) or any(tuple(a.shape) != tuple(b.shape) for a, b in zip(source, target)):
-        raise ValueError(f"hvd_sched.keras.load_model: the loaded optimizer {type(optimizer).__name__} has "
-                         f"{len(source)} variables and its distributed copy {len(target)} (shapes differ); load "
-                         "the model with tf.keras.models.load_model and wrap its optimizer yourself")
-    for a, b in zip(source, target):
-        b.assign(a)
-    scheduled, copy = scheduled_of(optimizer), scheduled_of(distributed)
-    if scheduled is not None and copy is not None:
-        copy.copy_schedule_state(scheduled)
-    return distributed
+    def __init__(self, directory, keep=3, root_rank=0, period=None, stop_signals=(), agree_every=0.25):
+        super().__init__(directory, keep=keep, period=period, stop_signals=stop_signals, agree_every=agree_every,
+                         root_rank=root_rank)

@@ -18,7 +18,7 @@ Wrap the scheduled optimizer, not the other way round:
 from .. import _validation
 from . import _backend, _horovod
 from ._scheduled import accumulation_problem
-from ._tracking import epoch_problem
+from ._tracking import epoch_problem, resume_offset
 from .optimizer import scheduled_of
 
 __all__ = ["DistributedOptimizer", "distributed_callbacks", "DistributedCheck", "BroadcastVariables",
@@ -183,11 +183,13 @@ class DistributedCheck(_backend.keras.callbacks.Callback):
     (hvd_sched.keras.DistributedOptimizer); on Keras 3 it must not be Horovod's own Keras wrapper (which does not
     average there), and a LossScaleOptimizer must be inside the distributed optimizer, not around it. The same
     checks run again while the step is traced (for jobs that do not use this callback); here they come first,
-    without Keras' traceback of the step.
+    without Keras' traceback of the step. At the first epoch begin: a model that `restore_latest` restored from
+    inside an epoch must first fit the rest of that epoch (`resume_plan`), or the job stops, naming the fix.
     """
 
     def on_train_begin(self, logs=None):
         _horovod.check_launcher()
+        self._first_epoch = True
         optimizer = self.model.optimizer
         size = _horovod.size()
         with_collectives = (_backend.is_horovod_keras_wrapped(optimizer) if _backend.KERAS_MAJOR == 2
@@ -207,6 +209,15 @@ class DistributedCheck(_backend.keras.callbacks.Callback):
             raise ValueError(problem)
         if not _backend.is_distributed(optimizer):
             raise ValueError(_NOT_AVERAGED.format(name=type(optimizer).__name__, size=size))
+
+
+    def on_epoch_begin(self, epoch, logs=None):
+        # A model restored from inside an epoch must first fit the rest of that epoch (restore_latest).
+        if getattr(self, "_first_epoch", False):
+            self._first_epoch = False
+            problem, _ = resume_offset(self.model, epoch, (self.params or {}).get("steps"))
+            if problem:
+                raise ValueError(problem)
 
 
 class BroadcastVariables(_backend.keras.callbacks.Callback):
