@@ -16,12 +16,17 @@ decay, norm scales at WEIGHT_DECAY_GN; the rules are printed) and
 the broadcast and metric-average callbacks of ``horovod_callbacks()``; print the LR of every epoch; write TensorBoard logs and
 checkpoints on rank 0; finally print the validation accuracy measured on every rank.
 
-Checkpoints (``OUT/ckpt``): ``hvd_sched.keras.EpochCheckpoint`` writes model + optimizer on rank 0 after each
-epoch, atomically (a temporary folder renamed into place, then the ``latest`` pointer replaced), so a process
-killed mid-save never leaves a torn checkpoint as the latest. ``--resume`` calls ``restore_latest`` on every
-rank: each reads ``OUT/ckpt`` and rank 0's state is then broadcast, so every rank starts the first step from the
-same weights, optimizer slots and iteration count (``OUT`` on a filesystem the ranks can read: always true on one
-machine; across machines a shared filesystem, or rank 0's copy is broadcast to ranks that cannot read it).
+Checkpoints (``OUT/ckpt``): ``hvd_sched.keras.TrainingCheckpoint`` writes model + optimizer on rank 0 after each
+epoch, every ``--checkpoint-period`` iterations, and when the job is asked to stop (SIGTERM from horovodrun,
+mpirun, Slurm or Kubernetes, Ctrl-C, Slurm's ``--signal=USR1``): the ranks agree on one iteration, rank 0 saves,
+and every rank exits with status 128 + the signal's number (143 for SIGTERM). Each save is atomic (a temporary
+folder renamed into place, then the ``latest`` pointer replaced), so a process killed mid-save never leaves a
+torn checkpoint as the latest. ``--resume`` calls ``restore_latest`` on every rank: each reads ``OUT/ckpt`` and
+rank 0's state is then broadcast, so every rank starts the first step from the same weights, optimizer slots and
+iteration count (``OUT`` on a filesystem the ranks can read: always true on one machine; across machines a shared
+filesystem, or rank 0's copy is broadcast to ranks that cannot read it); ``resume_plan`` then runs the rest of a
+checkpoint's epoch first, with the data stream skipped by exactly the micro-batches already used, so the resumed
+run ends with the weights of the run never stopped.
 """
 
 import argparse
@@ -39,7 +44,8 @@ import horovod.tensorflow.keras as hvd
 
 import hvd_sched
 import hvd_sched.keras
-from hvd_sched.keras import EpochCheckpoint, build_optimizer, describe_optimizer, horovod_callbacks, restore_latest
+from hvd_sched.keras import (TrainingCheckpoint, build_optimizer, describe_optimizer, horovod_callbacks,
+                             restore_latest, resume_plan)
 
 __all__ = ["load_dataset", "shard", "make_dataset", "build_model", "build_schedule", "EpochReport", "main"]
 
@@ -58,7 +64,13 @@ def parse_args(argv=None):
     parser.add_argument("--dataset", choices=DATASETS, default="digits")
     parser.add_argument("--synthetic", action="store_true", help="generated data instead of --dataset")
     parser.add_argument("--out", default="runs/train", help="checkpoints (OUT/ckpt) and TensorBoard (OUT/tb)")
-    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in OUT")
+    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in OUT (none: "
+                        "from scratch), at its iteration, inside an epoch too")
+    parser.add_argument("--checkpoint-period", type=int, help="also checkpoint every N iterations (default: the "
+                        "config's TRAIN.SNAPSHOT_ITERS / NUM_GPUS, as Detectron; else epoch ends only)")
+    parser.add_argument("--stop-signals", nargs="*", default=["SIGTERM", "SIGINT", "SIGUSR1"],
+                        help="signals that stop every rank at one iteration with a checkpoint (default: SIGTERM "
+                        "SIGINT SIGUSR1); the process then exits with 128 + the signal's number")
     parser.add_argument("--seed", type=int, default=0)
     schedule = parser.add_argument_group("schedule when there is no --config (epoch units, LR for 1 rank)")
     schedule.add_argument("--base-lr", type=float, default=0.05, help="BASE_LR for one rank, scaled by size")
@@ -147,7 +159,9 @@ def make_dataset(x, y, batch_size, *, seed, training, skip_batches=0):
         seed: the shuffle seed (training only).
         training: an endless stream of shuffled full batches; else one pass in order.
         skip_batches: training batches to skip, so a resumed run sees exactly the batches an uninterrupted one
-            would (``initial_epoch * steps_per_epoch``).
+            would (the micro-batches consumed before: ``FitPart.skip_batches``). ``Dataset.skip`` produces the
+            skipped batches (cheap for in-memory arrays; for a pipeline that decodes files, skip on the file or
+            index level before the decoding ``map``).
 
     Returns:
         A ``tf.data.Dataset`` of ``(x, y)`` batches.
@@ -305,18 +319,27 @@ def main(argv=None):
                   jit_compile=False)
 
     checkpoint_dir = os.path.join(args.out, "ckpt")
-    initial_epoch = 0
+    meta = None
     if args.resume:
         meta = restore_latest(checkpoint_dir, model)  # every rank reads; rank 0's state is broadcast
         if meta is not None:
-            initial_epoch = meta["epoch"] + 1
-            print(f"rank {rank}: resumed from {meta['path']} at epoch {initial_epoch} "
+            at_end = meta.get("step") is None or meta["step"] == meta.get("steps_per_epoch")
+            where = (f"at epoch {meta['epoch'] + 1}" if at_end else
+                     f"in epoch {meta['epoch']}, step {meta['step']} of {meta['steps_per_epoch']}")
+            print(f"rank {rank}: resumed from {meta['path']} {where} "
                   f"(iteration {hvd_sched.keras.iteration_count(optimizer)})", flush=True)
         elif rank == 0:
             print(f"--resume: no checkpoint in {checkpoint_dir}; starting from scratch", flush=True)
+    # The rest of a checkpoint's epoch (if it was saved inside one), then the next epochs.
+    parts = resume_plan(meta, steps_per_epoch, epochs, micro_batches=iter_size)
 
+    period = args.checkpoint_period
+    if period is None and args.config:
+        period = hvd_sched.snapshot_period(args.config)
     report = EpochReport(schedule, steps_per_epoch, epochs)
-    callbacks = horovod_callbacks(checkpoint_dir=checkpoint_dir) + [EpochCheckpoint(checkpoint_dir)]  # rank 0 writes
+    # Rank 0 writes; every rank handles the stop signals.
+    checkpoint = TrainingCheckpoint(checkpoint_dir, period=period, stop_signals=tuple(args.stop_signals))
+    callbacks = horovod_callbacks(checkpoint=checkpoint)
     if rank == 0:
         # Our own progress bar ahead of the report, so Keras' epoch line is complete before ours is printed.
         progbar = (tf.keras.callbacks.ProgbarLogger(count_mode="steps") if hvd_sched.keras.KERAS_MAJOR == 2
@@ -328,10 +351,10 @@ def main(argv=None):
         else:  # TensorFlow >= 2.21 no longer depends on TensorBoard; Keras' callback would fail at the first batch
             print("  TensorBoard is not installed: no logs in OUT/tb (pip install tensorboard)", flush=True)
     started = time.time()
-    if initial_epoch < epochs:
+    for part in parts:  # a stop signal raises hvd_sched.keras.TrainingInterrupted: exit status 128 + signal
         model.fit(make_dataset(x_shard, y_shard, args.batch_size, seed=args.seed + rank, training=True,
-                               skip_batches=initial_epoch * micro_batches),
-                  steps_per_epoch=micro_batches, epochs=epochs, initial_epoch=initial_epoch,
+                               skip_batches=part.skip_batches),
+                  steps_per_epoch=part.steps_per_epoch, epochs=part.epochs, initial_epoch=part.initial_epoch,
                   validation_data=make_dataset(x_val_shard, y_val_shard, args.batch_size, seed=0, training=False),
                   callbacks=callbacks, verbose=1 if rank == 0 else 0)
 
@@ -341,7 +364,7 @@ def main(argv=None):
           f"iteration {hvd_sched.keras.iteration_count(optimizer)})", flush=True)
     if rank == 0:
         summary = {"world_size": size, "steps_per_epoch": steps_per_epoch, "epochs": epochs,
-                   "initial_epoch": initial_epoch, "final_val_accuracy": float(accuracy),
+                   "initial_epoch": parts[0].initial_epoch if parts else epochs, "final_val_accuracy": float(accuracy),
                    "iter_size": iter_size, "iterations": hvd_sched.keras.iteration_count(optimizer),
                    "train_seconds": time.time() - started,
                    "epoch_log": report.history, "schedule": schedule.get_config()}

@@ -82,8 +82,10 @@ hosts_updated = threading.Event()
 listener = HostsUpdated()
 state = hvd_sched.keras.elastic_state(model, batch=0, epoch=0)  # Keras 2: hvd.elastic.KerasState
 state.register_reset_callbacks([before_reset, scaler, after_reset])
+# A TrainingCheckpoint (stop signals and a period) in an elastic job: a reset is not a stop.
+checkpoint = hvd_sched.keras.TrainingCheckpoint(os.path.join(OUT, "ckpt"), period=10)
 callbacks = [hvd.elastic.CommitStateCallback(state), hvd.elastic.UpdateBatchStateCallback(state),
-             hvd.elastic.UpdateEpochStateCallback(state), Record()]
+             hvd.elastic.UpdateEpochStateCallback(state), Record(), checkpoint]
 
 
 @hvd.elastic.run
@@ -97,5 +99,6 @@ def train(state):
 train(state)
 records["final_iteration"] = int(optimizer.iterations.numpy())
 records["final_size"] = hvd.size()
+records["checkpoint"] = hvd_sched.keras.latest_checkpoint(os.path.join(OUT, "ckpt"))
 with open(os.path.join(OUT, f"elastic{os.getpid()}.json"), "w") as f:
     json.dump(records, f)

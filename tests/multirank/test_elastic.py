@@ -1,7 +1,8 @@
 """Elastic Horovod on one machine: `horovodrun --min-np 1 --max-np 2` with a host discovery script that drops a
 slot during training. The survivor must keep its iteration, follow the new world size with its LR (linear scaling:
 half the LR at 1 rank) and rescale its momentum slots by new_lr/old_lr = 0.5 at the reset. The job waits after
-iteration 25 until Horovod notifies it of the change, so the drop lands mid-training whatever the load.
+iteration 25 until Horovod notifies it of the change, so the drop lands mid-training whatever the load. The job
+carries a TrainingCheckpoint (stop signals, a period): an elastic reset is not a stop.
 """
 
 import json
@@ -50,3 +51,7 @@ def test_dropped_slot_rescales_lr_and_slots_and_keeps_the_iteration(tmp_path):
         assert b["lr_used"] == want, b
         assert b["size"] == (2 if b["it"] < reset["iteration"] else 1)
     assert record["final_iteration"] >= 80
+    # The job's TrainingCheckpoint (stop signals handled, a period of 10): the reset stopped nothing, and the
+    # survivor's last checkpoint is its final state.
+    assert record["checkpoint"]["iteration"] == record["final_iteration"] and record["checkpoint"]["signal"] is None
+    assert "every rank stopped" not in output
