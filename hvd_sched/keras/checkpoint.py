@@ -288,8 +288,9 @@ class TrainingCheckpoint(_backend.keras.callbacks.Callback):
         self.stop_signals = _stop.signal_numbers(stop_signals)
         self.agree_every = float(agree_every)
         self._requests = _stop.StopRequests(self.stop_signals)
-        self._k = 1
-        self._epoch = self._epoch_start = self._step0 = self._steps = None
+        self._k, self._reads_count = 1, False
+        self._epoch = self._epoch_start = self._epoch_count = self._step0 = self._steps = None
+        self._supports_tf_logs = True  # Keras 2: no per-batch copy of the logs to numpy for this callback
         self._first_epoch = True
         self._next_agreement = self._last_agreement = None
         self._last_period = None
@@ -304,7 +305,20 @@ class TrainingCheckpoint(_backend.keras.callbacks.Callback):
         # all write this directory: stop them before the first step.
         _horovod.check_launcher()
         optimizer = self.model.optimizer
+        calls, batches = _backend.steps_per_execution(self.model), (self.params or {}).get("steps")
+        if _backend.KERAS_MAJOR == 3 and calls > 1 and batches and int(batches) % calls:
+            # Keras 3 runs whole calls: an epoch of 6 batches at 4 per call runs 8 (Keras 2 runs 4 + 2).
+            raise ValueError(f"hvd_sched: Keras 3 runs whole calls of steps_per_execution={calls} batches, so an "
+                             f"epoch of {batches} batches runs {-(-int(batches) // calls) * calls}, and the "
+                             f"checkpoints' epoch and step would not be where the data is; make the batches per "
+                             f"epoch a multiple of {calls} (steps_per_epoch={int(batches) // calls * calls}) or "
+                             "compile with steps_per_execution=1")
         self._k = _backend.micro_batches(optimizer)
+        # Read once per epoch and counted on from Keras' batch index (a read costs ~25-50 us per batch), except
+        # where a step may be skipped without counting (Keras 3's loss scaling) or Keras runs several steps per
+        # call (the index of the last one differs between Keras 2 and 3): then read at each call.
+        self._reads_count = (_backend.skips_iterations(optimizer)
+                             or _backend.steps_per_execution(self.model) != 1)
         self._first_epoch = True
         self._next_agreement = self._last_agreement = None
         self._requests.install()
@@ -324,11 +338,13 @@ class TrainingCheckpoint(_backend.keras.callbacks.Callback):
                 raise ValueError(problem)
             self._first_epoch = False
         self._epoch, self._step0 = epoch, offset
-        self._epoch_start = iteration_count(self.model.optimizer)
+        self._epoch_count = _backend.micro_batch_count(self.model.optimizer)
+        self._epoch_start = self._epoch_count // self._k
         self._steps = None if batches is None else offset + int(batches) // self._k
 
     def on_train_batch_end(self, batch, logs=None):
-        count = _backend.micro_batch_count(self.model.optimizer)
+        count = (_backend.micro_batch_count(self.model.optimizer) if self._reads_count
+                 else self._epoch_count + int(batch) + 1)  # Keras' batch: the index of the last one run
         if count % self._k:
             return  # inside an update: the accumulators are in no checkpoint
         iteration = count // self._k
@@ -397,6 +413,7 @@ class TrainingCheckpoint(_backend.keras.callbacks.Callback):
         path = _stop.share_from_root(path, self.root_rank)  # no rank leaves before the save is on disk
         seconds = time.monotonic() - started
         self._requests.uninstall()
+        self._requests.received = None  # answered: a caller that catches the stop may fit again
         code = 128 + int(number)
         if _horovod.rank() == self.root_rank:
             where = (f"saved {path} in {seconds:.2f} s" if path else

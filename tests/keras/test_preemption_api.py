@@ -231,3 +231,38 @@ def test_horovod_callbacks_puts_the_checkpoint_after_the_nan_stop(horovod):
     assert callbacks[-2].checkpoint_dir == "runs/ckpt"  # named in the NaN stop's message
     with pytest.raises(TypeError, match="checkpoint must be a hvd_sched.keras.TrainingCheckpoint, got str"):
         hk.horovod_callbacks(checkpoint="runs/ckpt")
+
+
+def test_steps_per_execution_counts_the_same_iterations(tmp_path, horovod):
+    """Keras runs 3 steps per call and calls the batch hooks once per call: the checkpoints name the iteration the
+    optimizer is at, the stop lands at the end of the call the signal came in, and the resume is exact."""
+    def model_():
+        model = _model(horovod, 1)
+        model.compile(model.optimizer, "mse", steps_per_execution=3)
+        return model
+
+    reference = model_()
+    _fit(reference, hk.FitPart(0, EPOCHS, STEPS, 0), [])
+    model = model_()
+    with pytest.raises(hk.TrainingInterrupted) as stopped:
+        _fit(model, hk.FitPart(0, EPOCHS, STEPS, 0), [_SignalAt(3), hk.TrainingCheckpoint(tmp_path, keep=10,
+                                                                                           period=5,
+                                                                                           agree_every=1e-9)])
+    assert stopped.value.iteration == hk.iteration_count(model.optimizer) == hk.latest_checkpoint(tmp_path)["iteration"]
+    resumed = model_()
+    meta = hk.restore_latest(tmp_path, resumed)
+    for part in hk.resume_plan(meta, STEPS, EPOCHS):
+        _fit(resumed, part, [hk.TrainingCheckpoint(tmp_path, period=5)])
+    assert hk.iteration_count(resumed.optimizer) == hk.iteration_count(reference.optimizer)
+    for a, b in zip(_state(reference), _state(resumed)):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.skipif(hk.KERAS_MAJOR != 3, reason="Keras 2 runs the epoch's last call short (4 + 2 batches)")
+def test_keras3_calls_that_overrun_the_epoch_are_refused(tmp_path, horovod):
+    model = _model(horovod, 1)
+    model.compile(model.optimizer, "mse", steps_per_execution=4)
+    with pytest.raises(ValueError, match=r"an epoch of 6 batches runs 8, .* \(steps_per_epoch=4\) or compile with "
+                                         r"steps_per_execution=1"):
+        _fit(model, hk.FitPart(0, 1, STEPS, 0), [hk.TrainingCheckpoint(tmp_path)])
+    assert not os.path.exists(tmp_path / "latest")
