@@ -1,8 +1,8 @@
 """`bench/overhead.py --quick`, `bench/apply_loop.py --quick`, `bench/conv_net.py --quick`, `bench/accumulation.py
---quick`, `bench/scale.py --quick` and `bench/large_batch.py --quick` run and report (the benchmarks are not tests:
-no timing or accuracy is asserted, only that the scripts finish and their outputs have the documented form). Each
-runs under this test's Python, so every row of the support matrix checks its own form (Keras 2 rows: the XLA rows;
-Keras 3: the floor rows)."""
+--quick`, `bench/preemption.py --quick`, `bench/scale.py --quick` and `bench/large_batch.py --quick` run and report
+(the benchmarks are not tests: no timing or accuracy is asserted, only that the scripts finish and their outputs
+have the documented form). Each runs under this test's Python, so every row of the support matrix checks its own
+form (Keras 2 rows: the XLA rows; Keras 3: the floor rows)."""
 
 import json
 import math
@@ -227,6 +227,57 @@ def test_accumulation_quick_reports_the_cost_per_update(tmp_path):
     assert len(raw) == 1 and json.loads(raw[0].read_text())["checks"] == report["checks"]
     table = raw[0].with_suffix(".md").read_text()
     assert table.count("| mlp_k2 (/ mlp_k1) |") == 4 and "median ms/update" in table  # 1 and 2 ranks, wall and CPU
+
+
+@pytest.mark.slow
+@pytest.mark.multirank
+def test_preemption_quick_reports_step_cost_save_and_stop_times(tmp_path):
+    out = tmp_path / "preemption.json"
+    last = _run_script("preemption.py", "--quick", "--out", out, "--raw-dir", tmp_path / "raw", timeout=300)
+    variants = {"baseline", "checkpoint_no_signals", "checkpoint_default", "checkpoint_agree_every_step"}
+    assert set(last) == {"ranks1", "ranks2", "save_median_s", "stop_median_s"}
+    assert all(set(last[ranks]) == variants and last[ranks]["baseline"] == 1.0 for ranks in ("ranks1", "ranks2"))
+    report = json.loads(out.read_text())
+    _check_machine(report["machine"])
+    steps = report["settings"]["steps_per_fit"]
+    assert steps == 20 and report["settings"]["variants"]["checkpoint_agree_every_step"] == {"agree_every": 1e-9}
+    for ranks in ("ranks1", "ranks2"):
+        for name, row in (*report[ranks].items(), *report["cpu"][ranks].items()):  # wall and CPU time, no target
+            _check_row(row, (ranks, name))
+            assert row["reference"] == "baseline" and row["verdict"] == "no target" and "target" not in row
+        assert len(report["seconds_per_step"][ranks]["checkpoint_default"]) == report["settings"]["rounds"] == 2
+        # Agreements per fit: none without signals; one per iteration at agree_every=1e-9; a few by default;
+        # one at each of the 2 epoch ends wherever signals are handled.
+        agreements = report["agreements"][ranks]
+        assert agreements["checkpoint_no_signals"]["calls"] == 0 and "baseline" in agreements
+        assert agreements["checkpoint_agree_every_step"]["at_batch_end"] == steps
+        assert 1 <= agreements["checkpoint_default"]["at_batch_end"] <= steps
+        assert agreements["checkpoint_default"]["at_epoch_end"] == 2
+        checks = report["checks"][ranks]
+        assert all(checks["epoch_checkpoints"].values()) and checks["handlers_restored"] is True
+    saves = report["saves"]
+    assert saves["demo_mlp"]["parameters"] == 64 * 64 + 64 + 64 * 10 + 10
+    assert "ResNet-50 skipped" in saves["large"]["model"]  # --quick: the Dense stand-in
+    for key, reps in (("demo_mlp", 3), ("large", 2)):
+        row = saves[key]
+        assert row["reps"] == reps and len(row["seconds"]) == reps + 1, key
+        assert 0 < row["min_s"] <= row["median_s"] <= row["max_s"] and row["size_mb"] > 0 and row["mb_per_s"] > 0
+        assert last["save_median_s"][key] == row["median_s"]
+    assert set(report["budget_gb"]) == {"horovodrun", "slurm_killwait", "kubernetes_termination_grace"}
+    # The demo stopped by SIGTERM under horovodrun: rank 0 saved where every rank stopped, then they exited (143).
+    (run,) = report["stop"]["runs"]
+    assert run["stopped_at_iteration"] >= 50 and run["checkpoint"]["iteration"] == run["stopped_at_iteration"]
+    assert run["checkpoint"]["latest"] == run["checkpoint"]["path"]
+    assert run["checkpoint"]["signal"] == "SIGTERM" or run["stopped_at_epoch_end"]
+    assert set(run["signal_to_rank_exit_s"]) == {"0", "1"} and set(run["rank_status_reported"].values()) == {143}
+    assert 0 < run["signal_to_stop_line_s"] < run["signal_to_last_rank_exit_s"]
+    summary = report["stop"]["summary"]
+    assert summary["all_saved_where_stopped"] is True
+    assert summary["grace"]["horovodrun"]["grace_s"] == 5.0
+    assert last["stop_median_s"] == summary["signal_to_horovodrun_exit_s"]["median"]
+    raw = list((tmp_path / "raw").glob("*_preemption_*.json"))
+    assert len(raw) == 1 and json.loads(raw[0].read_text())["stop"] == report["stop"]
+    assert raw[0].with_suffix(".md").read_text().count("| checkpoint_default (/ baseline) |") == 4  # wall, CPU
 
 
 @pytest.mark.slow
