@@ -357,21 +357,20 @@ class TrainingCheckpoint(_backend.keras.callbacks.Callback):
                 self._save(iteration, step, self._steps)
 
     def on_epoch_end(self, epoch, logs=None):
+        # An epoch end is an update boundary on every rank: agree there too (one allgather per epoch), so a signal
+        # that came during validation stops the job before the next epoch, with this epoch's checkpoint.
+        received = _stop.agree(self._requests.received, 1)[0] if self._requests.signals else 0
         iteration = iteration_count(self.model.optimizer)
         path = None
         if _horovod.rank() == self.root_rank:
             if _finite(logs):
                 step = self._step(iteration)
-                path = self._save(iteration, step, step)
+                path = self._save(iteration, step, step, signal=_stop.signal_name(received))
             else:
                 print(f"hvd_sched: epoch {epoch} ended with loss {logs['loss']}; not saving it, the latest "
                       f"checkpoint stays {latest_checkpoint(self.directory)}", file=sys.stderr, flush=True)
-        # An epoch end is an update boundary on every rank: agree there too (one allgather per epoch), so a
-        # signal that came during validation stops the job before the next epoch, with this checkpoint.
-        if self._requests.signals:
-            received, _ = _stop.agree(self._requests.received, 1)
-            if received:
-                self._stop_now(received, iteration, logs, saved=path)
+        if received:
+            self._stop_now(received, iteration, logs, saved=path)
 
     # ------------------------------------------------------------------------------------------ the work
 

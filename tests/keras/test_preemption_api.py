@@ -266,3 +266,19 @@ def test_keras3_calls_that_overrun_the_epoch_are_refused(tmp_path, horovod):
                                          r"steps_per_execution=1"):
         _fit(model, hk.FitPart(0, 1, STEPS, 0), [hk.TrainingCheckpoint(tmp_path)])
     assert not os.path.exists(tmp_path / "latest")
+
+
+class _SignalInValidation(tf.keras.callbacks.Callback):
+    def on_test_begin(self, logs=None):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_signal_during_validation_stops_at_the_epoch_end_with_its_checkpoint(tmp_path, horovod):
+    model = _model(horovod, 1)
+    with pytest.raises(hk.TrainingInterrupted) as stopped:
+        model.fit(_data(0), steps_per_epoch=STEPS, epochs=EPOCHS, validation_data=(X[:16], Y[:16]), verbose=0,
+                  callbacks=[_SignalInValidation(), hk.TrainingCheckpoint(tmp_path)])
+    assert (stopped.value.iteration, stopped.value.path) == (STEPS, str(tmp_path / "epoch-0000"))
+    meta = hk.latest_checkpoint(tmp_path)
+    assert (meta["epoch"], meta["step"], meta["iteration"], meta["signal"]) == (0, STEPS, STEPS, "SIGTERM")
+    assert sorted(os.listdir(tmp_path)) == ["epoch-0000", "latest"]
