@@ -292,7 +292,6 @@ def main(argv=None):
     if steps_per_epoch < 1:
         raise SystemExit(f"--batch-size {args.batch_size} x ITER_SIZE {iter_size} is larger than this rank's "
                          f"{len(y_shard)} samples")
-    micro_batches = steps_per_epoch * iter_size  # Keras' steps per epoch
     schedule = build_schedule(args, steps_per_epoch, size)
     epochs = args.epochs or -(-schedule.max_iter // steps_per_epoch)
     if rank == 0:
@@ -351,12 +350,14 @@ def main(argv=None):
         else:  # TensorFlow >= 2.21 no longer depends on TensorBoard; Keras' callback would fail at the first batch
             print("  TensorBoard is not installed: no logs in OUT/tb (pip install tensorboard)", flush=True)
     started = time.time()
-    for part in parts:  # a stop signal raises hvd_sched.keras.TrainingInterrupted: exit status 128 + signal
-        model.fit(make_dataset(x_shard, y_shard, args.batch_size, seed=args.seed + rank, training=True,
-                               skip_batches=part.skip_batches),
-                  steps_per_epoch=part.steps_per_epoch, epochs=part.epochs, initial_epoch=part.initial_epoch,
-                  validation_data=make_dataset(x_val_shard, y_val_shard, args.batch_size, seed=0, training=False),
-                  callbacks=callbacks, verbose=1 if rank == 0 else 0)
+    with checkpoint.handling_signals():  # also between the fits of a resume
+        for part in parts:  # a stop signal raises hvd_sched.keras.TrainingInterrupted: exit status 128 + signal
+            model.fit(make_dataset(x_shard, y_shard, args.batch_size, seed=args.seed + rank, training=True,
+                                   skip_batches=part.skip_batches),
+                      steps_per_epoch=part.steps_per_epoch, epochs=part.epochs, initial_epoch=part.initial_epoch,
+                      validation_data=make_dataset(x_val_shard, y_val_shard, args.batch_size, seed=0,
+                                                   training=False),
+                      callbacks=callbacks, verbose=1 if rank == 0 else 0)
 
     # Every rank evaluates the whole validation set: equal numbers show the ranks hold the same weights.
     _, accuracy = model.evaluate(x_val, y_val, batch_size=256, verbose=0)

@@ -64,13 +64,15 @@ class StopRequests:
     """Installs handlers for `signals` that record the first one received (`received`, a number or None).
 
     A second SIGINT after a first one restores Python's handler and raises KeyboardInterrupt (a user pressing
-    Ctrl-C twice wants out now). `install` and `uninstall` keep and restore whatever handlers were there before.
+    Ctrl-C twice wants out now). `install` and `uninstall` nest (the handlers stay from the first `install` to the
+    last `uninstall`) and restore whatever handlers were there before; `uninstall(everything=True)` ends them all.
     """
 
     def __init__(self, signals):
         self.signals = tuple(signals)
         self.received = None
         self._previous = {}
+        self._depth = 0
 
     @property
     def installed(self):
@@ -78,17 +80,22 @@ class StopRequests:
 
     def install(self):
         """Install the handlers (main thread only: Python delivers signals there)."""
-        if self.installed or not self.signals:
+        if not self.signals:
             return
-        if threading.current_thread() is not threading.main_thread():
-            raise RuntimeError("hvd_sched: stop signals can only be handled in the main thread (Python runs signal "
-                               "handlers there), and model.fit runs in another one; call fit from the main "
-                               "thread, or pass stop_signals=() to checkpoint without handling signals")
-        for number in self.signals:
-            self._previous[number] = signal.signal(number, self._handle)
+        if not self.installed:
+            if threading.current_thread() is not threading.main_thread():
+                raise RuntimeError("hvd_sched: stop signals can only be handled in the main thread (Python runs "
+                                   "signal handlers there), and model.fit runs in another one; call fit from the "
+                                   "main thread, or pass stop_signals=() to checkpoint without handling signals")
+            for number in self.signals:
+                self._previous[number] = signal.signal(number, self._handle)
+        self._depth += 1
 
-    def uninstall(self):
-        """Restore the handlers that were there before `install`."""
+    def uninstall(self, everything=False):
+        """Restore the handlers that were there before the first `install`, at the last `uninstall`."""
+        self._depth = 0 if everything else max(self._depth - 1, 0)
+        if self._depth:
+            return
         for number, previous in self._previous.items():
             signal.signal(number, previous if previous is not None else signal.SIG_DFL)
         self._previous = {}
@@ -97,7 +104,7 @@ class StopRequests:
         if self.received is None:
             self.received = number
         elif number == signal.SIGINT and self.received == signal.SIGINT:
-            self.uninstall()
+            self.uninstall(everything=True)
             raise KeyboardInterrupt
 
 

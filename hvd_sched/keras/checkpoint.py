@@ -19,6 +19,7 @@ replaces `latest` (write a temporary file, fsync, `os.replace`). A process kille
 """
 
 import collections
+import contextlib
 import json
 import os
 import shutil
@@ -250,8 +251,8 @@ class TrainingCheckpoint(_backend.keras.callbacks.Callback):
     rank received one; they do so at the same iterations, about every `agree_every` seconds (rank 0 measures the
     step time and proposes the next iteration; at least every iteration where a step is slower). When one did,
     `root_rank` saves, every rank waits for the save, and every rank raises `TrainingInterrupted` (exit status
-    128 + the signal's number). Signals are handled from train begin to train end; outside `fit` they act as
-    they did before.
+    128 + the signal's number). Signals are handled from train begin to train end (across several fits inside
+    `with checkpoint.handling_signals():`); outside, they act as they did before.
 
     Example:
         >>> meta = hvd_sched.keras.restore_latest("runs/ckpt", model)
@@ -334,7 +335,7 @@ class TrainingCheckpoint(_backend.keras.callbacks.Callback):
         if self._first_epoch:
             problem, offset = resume_offset(self.model, epoch, batches)
             if problem:
-                self._requests.uninstall()
+                self._requests.uninstall(everything=True)
                 raise ValueError(problem)
             self._first_epoch = False
         self._epoch, self._step0 = epoch, offset
@@ -371,6 +372,22 @@ class TrainingCheckpoint(_backend.keras.callbacks.Callback):
                       f"checkpoint stays {latest_checkpoint(self.directory)}", file=sys.stderr, flush=True)
         if received:
             self._stop_now(received, iteration, logs, saved=path)
+
+    @contextlib.contextmanager
+    def handling_signals(self):
+        """Keep the stop signals handled across several `fit` calls (a resume's rest of an epoch, then the next
+        epochs): between two fits a signal is then recorded, not fatal, and the next fit stops at once.
+
+        Example:
+            >>> with checkpoint.handling_signals():
+            ...     for part in hvd_sched.keras.resume_plan(meta, steps_per_epoch=steps, epochs=10):
+            ...         model.fit(..., callbacks=hvd_sched.keras.horovod_callbacks(checkpoint=checkpoint))
+        """
+        self._requests.install()
+        try:
+            yield self
+        finally:
+            self._requests.uninstall()
 
     # ------------------------------------------------------------------------------------------ the work
 
@@ -411,7 +428,7 @@ class TrainingCheckpoint(_backend.keras.callbacks.Callback):
             path = self._save(iteration, step, self._steps, signal=name)
         path = _stop.share_from_root(path, self.root_rank)  # no rank leaves before the save is on disk
         seconds = time.monotonic() - started
-        self._requests.uninstall()
+        self._requests.uninstall(everything=True)
         self._requests.received = None  # answered: a caller that catches the stop may fit again
         code = 128 + int(number)
         if _horovod.rank() == self.root_rank:

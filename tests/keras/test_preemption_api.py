@@ -282,3 +282,17 @@ def test_a_signal_during_validation_stops_at_the_epoch_end_with_its_checkpoint(t
     meta = hk.latest_checkpoint(tmp_path)
     assert (meta["epoch"], meta["step"], meta["iteration"], meta["signal"]) == (0, STEPS, STEPS, "SIGTERM")
     assert sorted(os.listdir(tmp_path)) == ["epoch-0000", "latest"]
+
+
+def test_a_signal_between_two_fits_is_kept_for_the_next_one(tmp_path, horovod):
+    model = _model(horovod, 1)
+    checkpoint = hk.TrainingCheckpoint(tmp_path, agree_every=1e-9)
+    handler = signal.getsignal(signal.SIGTERM)
+    with checkpoint.handling_signals():
+        _fit(model, hk.FitPart(0, 1, STEPS, 0), [checkpoint])
+        assert signal.getsignal(signal.SIGTERM) is not handler  # still handled between the fits
+        os.kill(os.getpid(), signal.SIGTERM)  # recorded, not fatal
+        with pytest.raises(hk.TrainingInterrupted) as stopped:
+            _fit(model, hk.FitPart(1, EPOCHS, STEPS, STEPS), [checkpoint])
+    assert stopped.value.iteration == STEPS + 1  # the first agreement of the next fit
+    assert signal.getsignal(signal.SIGTERM) is handler
