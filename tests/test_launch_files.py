@@ -1,11 +1,13 @@
 """The job files users copy to launch the demo: examples/slurm/train.sbatch (run for real by
-tests/multirank/test_launchers.py) and examples/kubernetes/mpijob.yaml (not run: no Kubernetes here), read and
-checked for what they must say."""
+tests/multirank/test_launchers.py and test_slurm_requeue.py) and examples/kubernetes/mpijob.yaml (not run: no
+Kubernetes here), read and checked for what they must say. The Slurm script's decisions (resume, requeue itself,
+how often) also run here, with stand-ins for srun and scontrol."""
 
 import pathlib
 import re
 import subprocess
 
+import pytest
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -21,10 +23,21 @@ def test_the_mpijob_manifest_is_a_two_worker_open_mpi_job_running_the_demo():
     workers = spec["mpiReplicaSpecs"]["Worker"]
     assert launcher["replicas"] == 1 and workers["replicas"] == 2
     [container] = launcher["template"]["spec"]["containers"]
-    command = container["command"]
-    assert command[:4] == ["mpirun", "--allow-run-as-root", "-np", "2"]
-    assert command[4:-2] == ["python", *DEMO] and command[-2] == "--out"
+    # The launcher's shell runs mpirun and turns the pod's SIGTERM into SIGUSR1 for it (mpirun's own SIGTERM kills
+    # the ranks 0.25 s later, before they can save); tests/multirank/test_preemption.py runs this script for real.
+    assert container["command"][:2] == ["bash", "-c"]
+    script = container["command"][2]
+    [line] = [line for line in script.splitlines() if line.startswith("mpirun ")]
+    command = line.split()
+    assert command[:4] == ["mpirun", "--allow-run-as-root", "-np", "2"] and command[-1] == "&"
+    assert command[4:4 + len(DEMO) + 1] == ["python", *DEMO] and command[-3] == "--out"
+    assert "--resume" in command and "--checkpoint-period" in command
     assert (ROOT / command[5]).exists() and (ROOT / command[7]).exists()
+    assert "trap 'kill -USR1 \"$pid\"' TERM" in script
+    subprocess.run(["bash", "-n", "-c", script], check=True, timeout=30)
+    for replica in (launcher, workers):  # the time a stop has before Kubernetes' SIGKILL
+        assert replica["template"]["spec"]["terminationGracePeriodSeconds"] >= 60
+    assert spec["runPolicy"]["backoffLimit"] >= 1  # the launcher runs again, and resumes
     [worker] = workers["template"]["spec"]["containers"]
     assert worker["command"] == ["/usr/sbin/sshd", "-De"]
     assert container["image"] == worker["image"] == "hvd_sched:cpu"
@@ -37,3 +50,71 @@ def test_the_slurm_script_starts_two_pmix_tasks_of_the_demo():
                      re.MULTILINE)
     assert "set -euo pipefail" in text
     subprocess.run(["bash", "-n", str(ROOT / "examples" / "slurm" / "train.sbatch")], check=True, timeout=30)
+
+
+def test_the_slurm_script_asks_slurm_to_requeue_it_and_to_warn_the_tasks_before_the_time_limit():
+    """What tests/multirank/test_slurm_requeue.py measured: `--signal=USR1@SECONDS` without `B:` reaches the step's
+    tasks (with `B:`, only this shell, and only once srun has returned); a requeued job reruns the script with the
+    same job id, so the same OUT, and `--open-mode=append` keeps the first run's log."""
+    text = (ROOT / "examples" / "slurm" / "train.sbatch").read_text()
+    for line in ("#SBATCH --requeue", "#SBATCH --open-mode=append", "#SBATCH --signal=USR1@90"):
+        assert re.search(rf"^{re.escape(line)}$", text, re.MULTILINE), line
+    assert 'out="${OUT:-runs/slurm-${SLURM_JOB_ID:-local}}"' in text
+    assert len(re.findall(r"^\s*scontrol requeue", text, re.MULTILINE)) == 1  # one place asks for a requeue
+
+
+def _run_slurm_script(tmp_path, srun_status, **env):
+    """Run examples/slurm/train.sbatch with stand-ins for srun (exits `srun_status`) and scontrol (records its
+    arguments), as Slurm would run it in job 42; returns (exit status, srun's arguments, scontrol's, stderr)."""
+    stubs = tmp_path / "bin"
+    stubs.mkdir(parents=True)
+    for name in ("srun", "scontrol"):
+        (stubs / name).write_text(f'#!/bin/bash\nprintf "%s\\n" "$@" >> "{tmp_path}/{name}.args"\n'
+                                  + ("exit $SRUN_STATUS\n" if name == "srun" else ""))
+        (stubs / name).chmod(0o755)
+    environ = {"PATH": f"{stubs}:/usr/bin:/bin", "SLURM_JOB_ID": "42", "SLURM_NTASKS": "2",
+               "SLURM_JOB_NODELIST": "node1", "SRUN_STATUS": str(srun_status), **env}
+    proc = subprocess.run(["bash", str(ROOT / "examples" / "slurm" / "train.sbatch")], cwd=tmp_path, env=environ,
+                          capture_output=True, text=True, timeout=30)
+    args = {name: (tmp_path / f"{name}.args").read_text().split("\n")[:-1] if (tmp_path / f"{name}.args").exists()
+            else None for name in ("srun", "scontrol")}
+    return proc.returncode, args["srun"], args["scontrol"], proc.stderr
+
+
+def test_the_slurm_script_always_resumes_and_passes_its_knobs(tmp_path):
+    status, srun, scontrol, _ = _run_slurm_script(tmp_path / "plain", 0)
+    assert status == 0 and scontrol is None
+    assert srun == ["--mpi=pmix", "python", *DEMO, "--out", "runs/slurm-42", "--resume"]
+    status, srun, _, _ = _run_slurm_script(tmp_path / "knobs", 0, PYTHON="/venv/bin/python", EPOCHS="4",
+                                           BATCH_SIZE="8", CHECKPOINT_PERIOD="20", OUT="/scratch/run")
+    assert srun == ["--mpi=pmix", "/venv/bin/python", *DEMO[:-1], "4", "--out", "/scratch/run", "--resume",
+                    "--batch-size", "8", "--checkpoint-period", "20"]
+
+
+@pytest.mark.parametrize("srun_status, restarts, max_requeues, requeued", [
+    (138, None, None, True),   # SIGUSR1, the time limit's warning: the first run requeues itself
+    (138, "2", None, True),    # ... up to MAX_REQUEUES (default 3) restarts in all
+    (138, "3", None, False),
+    (138, "1", "1", False),
+    (143, None, None, False),  # SIGTERM: scontrol requeue / preemption (Slurm reruns it), scancel, the limit itself
+    (1, None, None, False),    # a failure: never rerun
+])
+def test_the_slurm_script_requeues_itself_only_after_the_time_limit_warning(tmp_path, srun_status, restarts,
+                                                                            max_requeues, requeued):
+    env = {key: value for key, value in (("SLURM_RESTART_COUNT", restarts), ("MAX_REQUEUES", max_requeues))
+           if value is not None}
+    status, srun, scontrol, stderr = _run_slurm_script(tmp_path, srun_status, **env)
+    assert status == srun_status and srun is not None  # Slurm records the step's status as the job's
+    assert scontrol == (["requeue", "42"] if requeued else None), stderr
+    if requeued:
+        assert f"requeueing it (restart {int(restarts or 0) + 1} of at most {max_requeues or 3})" in stderr
+    elif srun_status == 138:
+        assert f"not requeued: it has been restarted {restarts} times (MAX_REQUEUES={max_requeues or 3})" in stderr
+    elif srun_status == 143:
+        assert "stopped by SIGTERM: not requeued from here" in stderr
+
+
+def test_the_slurm_script_refuses_a_max_requeues_that_is_not_a_count(tmp_path):
+    status, srun, scontrol, stderr = _run_slurm_script(tmp_path, 138, MAX_REQUEUES="three")
+    assert (status, srun, scontrol) == (2, None, None)
+    assert "MAX_REQUEUES must be a whole number of requeues, got 'three'" in stderr
