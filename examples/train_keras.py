@@ -266,6 +266,21 @@ class EpochReport(tf.keras.callbacks.Callback):
 def main(argv=None):
     """Train, checkpoint, report; returns the exit status. Run it under ``horovodrun`` (or alone, as 1 rank)."""
     args = parse_args(argv)
+    period = args.checkpoint_period
+    if period is None and args.config:
+        period = hvd_sched.snapshot_period(args.config)
+    # Rank 0 writes; every rank handles the stop signals, from here to the end: one that comes while the job sets
+    # up stops the first fit at its first iteration, with a checkpoint; one after the last fit is answered by the
+    # end of the job (its training is complete and saved). A stop raises hvd_sched.keras.TrainingInterrupted: the
+    # process exits with status 128 + the signal.
+    checkpoint = TrainingCheckpoint(os.path.join(args.out, "ckpt"), period=period,
+                                    stop_signals=tuple(args.stop_signals))
+    with checkpoint.handling_signals():
+        return _run(args, checkpoint)
+
+
+def _run(args, checkpoint):
+    """``main`` once the stop signals are handled."""
     hvd.init()
     # mpirun/srun started N processes that Horovod did not join? Stop here, on every process (README, "Launching").
     hvd_sched.keras.check_launcher()
@@ -317,7 +332,7 @@ def main(argv=None):
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"],
                   jit_compile=False)
 
-    checkpoint_dir = os.path.join(args.out, "ckpt")
+    checkpoint_dir = checkpoint.directory
     meta = None
     if args.resume:
         meta = restore_latest(checkpoint_dir, model)  # every rank reads; rank 0's state is broadcast
@@ -332,12 +347,7 @@ def main(argv=None):
     # The rest of a checkpoint's epoch (if it was saved inside one), then the next epochs.
     parts = resume_plan(meta, steps_per_epoch, epochs, micro_batches=iter_size)
 
-    period = args.checkpoint_period
-    if period is None and args.config:
-        period = hvd_sched.snapshot_period(args.config)
     report = EpochReport(schedule, steps_per_epoch, epochs)
-    # Rank 0 writes; every rank handles the stop signals.
-    checkpoint = TrainingCheckpoint(checkpoint_dir, period=period, stop_signals=tuple(args.stop_signals))
     callbacks = horovod_callbacks(checkpoint=checkpoint)
     if rank == 0:
         # Our own progress bar ahead of the report, so Keras' epoch line is complete before ours is printed.
@@ -350,14 +360,12 @@ def main(argv=None):
         else:  # TensorFlow >= 2.21 no longer depends on TensorBoard; Keras' callback would fail at the first batch
             print("  TensorBoard is not installed: no logs in OUT/tb (pip install tensorboard)", flush=True)
     started = time.time()
-    with checkpoint.handling_signals():  # also between the fits of a resume
-        for part in parts:  # a stop signal raises hvd_sched.keras.TrainingInterrupted: exit status 128 + signal
-            model.fit(make_dataset(x_shard, y_shard, args.batch_size, seed=args.seed + rank, training=True,
-                                   skip_batches=part.skip_batches),
-                      steps_per_epoch=part.steps_per_epoch, epochs=part.epochs, initial_epoch=part.initial_epoch,
-                      validation_data=make_dataset(x_val_shard, y_val_shard, args.batch_size, seed=0,
-                                                   training=False),
-                      callbacks=callbacks, verbose=1 if rank == 0 else 0)
+    for part in parts:  # a stop signal raises hvd_sched.keras.TrainingInterrupted: exit status 128 + signal
+        model.fit(make_dataset(x_shard, y_shard, args.batch_size, seed=args.seed + rank, training=True,
+                               skip_batches=part.skip_batches),
+                  steps_per_epoch=part.steps_per_epoch, epochs=part.epochs, initial_epoch=part.initial_epoch,
+                  validation_data=make_dataset(x_val_shard, y_val_shard, args.batch_size, seed=0, training=False),
+                  callbacks=callbacks, verbose=1 if rank == 0 else 0)
 
     # Every rank evaluates the whole validation set: equal numbers show the ranks hold the same weights.
     _, accuracy = model.evaluate(x_val, y_val, batch_size=256, verbose=0)
