@@ -255,12 +255,13 @@ class TrainingCheckpoint(_backend.keras.callbacks.Callback):
     `with checkpoint.handling_signals():`); outside, they act as they did before.
 
     Example:
-        >>> meta = hvd_sched.keras.restore_latest("runs/ckpt", model)
         >>> checkpoint = hvd_sched.keras.TrainingCheckpoint("runs/ckpt", period=500)
-        >>> for part in hvd_sched.keras.resume_plan(meta, steps_per_epoch=steps, epochs=10):
-        ...     model.fit(make_dataset(skip=part.skip_batches), initial_epoch=part.initial_epoch,
-        ...               epochs=part.epochs, steps_per_epoch=part.steps_per_epoch,
-        ...               callbacks=hvd_sched.keras.horovod_callbacks() + [checkpoint])
+        >>> meta = hvd_sched.keras.restore_latest("runs/ckpt", model)
+        >>> with checkpoint.handling_signals():
+        ...     for part in hvd_sched.keras.resume_plan(meta, steps_per_epoch=steps, epochs=10):
+        ...         model.fit(make_dataset(skip=part.skip_batches), initial_epoch=part.initial_epoch,
+        ...                   epochs=part.epochs, steps_per_epoch=part.steps_per_epoch,
+        ...                   callbacks=hvd_sched.keras.horovod_callbacks(checkpoint=checkpoint))
 
     Args:
         directory: where checkpoints go (created on rank 0).
@@ -402,8 +403,9 @@ class TrainingCheckpoint(_backend.keras.callbacks.Callback):
         return self._step0 + iteration - self._epoch_start
 
     def _save(self, iteration, step, steps, signal=None):
-        meta = {"epoch": int(self._epoch), "step": int(step), "steps_per_epoch": None if steps is None else int(steps),
-                "iteration": int(iteration), "micro_batches": self._k, "signal": signal, "time": time.time()}
+        meta = {"epoch": int(self._epoch), "step": int(step),
+                "steps_per_epoch": None if steps is None else int(steps), "iteration": int(iteration),
+                "micro_batches": self._k, "signal": signal, "time": time.time()}
         return write_checkpoint(self.directory, self.model, meta, self.keep)
 
     def _agree(self, iteration, logs):

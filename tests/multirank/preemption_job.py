@@ -1,9 +1,10 @@
 """Run under horovodrun by tests/multirank/test_preemption.py: the ranks' agreement on where to stop.
 
 Two stops, one after the other: "both_a_step_apart" (rank 0 receives SIGUSR1 after micro-batch 20, rank 1 after
-21) and "rank1_only" (rank 1 after 21). Agreements run at every update (agree_every tiny), so the stop lands at 20 or 21 on every rank
-alike. Then: the run never stopped (the reference), the stopped one, and its resume from the checkpoint, all in
-this process; the result says where each rank stopped and whether the resumed weights equal the reference.
+21) and "rank1_only" (rank 1 after 21). Agreements run at every update (agree_every tiny), so the stop lands at 20
+(both) or 21 (rank 1 alone) on every rank alike. For each: the stopped run and its resume from the checkpoint,
+compared with the run never stopped, all in this process; the result says where each rank stopped and whether the
+resumed weights equal the reference.
 """
 
 import os
