@@ -7,6 +7,7 @@ tests/, and `from conftest import ...` would pick whichever was imported last.
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -144,3 +145,46 @@ def run_command(cmd, cwd, env_extra=None, timeout=300):
                               f"{stdout_path.read_text()[-20000:]}\n--- stderr ---\n"
                               f"{stderr_path.read_text()[-20000:]}") from None
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout_path.read_text(), stderr_path.read_text())
+
+
+# --- stopped and resumed jobs (tests/multirank/test_preemption.py, test_slurm_requeue.py) --------------------------
+
+#: Rank 0's line when TrainingCheckpoint stops a job at a signal.
+STOPPED = re.compile(r"hvd_sched: (SIG\w+): every rank stopped at iteration (\d+) \(step (\d+) of epoch (\d+)\); "
+                     r"saved (\S+) in ([0-9.]+) s; exiting with status (\d+)")
+
+
+def latest_meta(out):
+    """The newest checkpoint's metadata in OUT/ckpt, or None (read as a user would: the `latest` pointer, then
+    meta.json)."""
+    try:
+        name = (out / "ckpt" / "latest").read_text().strip()
+        return json.loads((out / "ckpt" / name / "meta.json").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _checkpoint_variables(path):
+    """Every variable of a checkpoint, by its checkpoint key."""
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(str(path))
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+            if not name.startswith("_CHECKPOINTABLE_OBJECT_GRAPH")}
+
+
+def assert_same_final_checkpoint(out, reference_out, epochs, steps_per_epoch):
+    """OUT's newest checkpoint is the end of the last epoch, and it holds exactly the variables (weights, slots,
+    iteration) of the reference run's, bit for bit."""
+    import numpy as np
+
+    total = epochs * steps_per_epoch
+    final, expected = latest_meta(out), latest_meta(reference_out)
+    assert (final["epoch"], final["step"], final["iteration"]) == (epochs - 1, steps_per_epoch, total) == \
+        (expected["epoch"], expected["step"], expected["iteration"])
+    last = f"epoch-{epochs - 1:04d}"
+    ours = _checkpoint_variables(out / "ckpt" / last / "ckpt")
+    theirs = _checkpoint_variables(reference_out / "ckpt" / last / "ckpt")
+    assert sorted(ours) == sorted(theirs)
+    for name in theirs:
+        np.testing.assert_array_equal(ours[name], theirs[name], err_msg=name)

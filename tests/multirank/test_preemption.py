@@ -12,7 +12,6 @@ never stopped, bit for bit. tests/multirank/preemption_job.py checks the agreeme
 signals a step apart, or only one rank, all stop at the same iteration without a deadlock.
 """
 
-import json
 import os
 import pathlib
 import re
@@ -23,7 +22,8 @@ import time
 
 import pytest
 
-from launch import horovodrun_cmd, mpi_env, mpi_missing, mpirun_cmd, rank_env, run_and_collect
+from launch import (STOPPED, assert_same_final_checkpoint, horovodrun_cmd, latest_meta, mpi_env, mpi_missing,
+                    mpirun_cmd, rank_env, run_and_collect)
 
 pytestmark = pytest.mark.multirank
 
@@ -35,8 +35,6 @@ JOB = pathlib.Path(__file__).with_name("preemption_job.py")
 # once the newest checkpoint is at iteration 60 or later (inside epoch 1), each next one 90 iterations later.
 ARGS = ["--config", DEMO, "--epochs", 5, "--batch-size", 8, "--checkpoint-period", 10]
 PERIOD, TOTAL, EPOCHS, ASK_AT = 10, 445, 5, 60
-STOPPED = re.compile(r"hvd_sched: (SIG\w+): every rank stopped at iteration (\d+) \(step (\d+) of epoch (\d+)\); "
-                     r"saved (\S+) in ([0-9.]+) s; exiting with status (\d+)")
 
 
 def _env():
@@ -51,15 +49,6 @@ def _run(cmd, timeout=240, extra=None):
     return proc
 
 
-def _latest(out):
-    """The newest checkpoint's metadata, or None (read as a user would: the `latest` pointer, then meta.json)."""
-    try:
-        name = (out / "ckpt" / "latest").read_text().strip()
-        return json.loads((out / "ckpt" / name / "meta.json").read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def _stop_when(cmd, out, deliver, ask_at=ASK_AT, extra=None, timeout=180):
     """Run `cmd`; once its newest checkpoint is at `ask_at` or later, call `deliver(proc)`; return (returncode,
     stdout, stderr, the iteration seen when the stop was asked)."""
@@ -72,7 +61,7 @@ def _stop_when(cmd, out, deliver, ask_at=ASK_AT, extra=None, timeout=180):
             deadline = time.time() + timeout
             seen = None
             while time.time() < deadline and proc.poll() is None:
-                meta = _latest(out)
+                meta = latest_meta(out)
                 if meta is not None and meta["iteration"] >= ask_at:
                     seen = meta["iteration"]
                     deliver(proc)
@@ -89,27 +78,9 @@ def _stop_when(cmd, out, deliver, ask_at=ASK_AT, extra=None, timeout=180):
     return returncode, stdout, stderr, seen
 
 
-def _variables(path):
-    """Every variable of a checkpoint, by its checkpoint key."""
-    import tensorflow as tf
-
-    reader = tf.train.load_checkpoint(str(path))
-    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-            if not name.startswith("_CHECKPOINTABLE_OBJECT_GRAPH")}
-
-
 def _assert_same_run(out, reference):
     """`out`'s final checkpoint holds exactly the variables and iteration of the run never stopped."""
-    import numpy as np
-
-    final, expected = _latest(out), _latest(reference)
-    assert (final["epoch"], final["step"], final["iteration"]) == (EPOCHS - 1, 89, TOTAL) == \
-        (expected["epoch"], expected["step"], expected["iteration"])
-    last = f"epoch-{EPOCHS - 1:04d}"
-    ours, theirs = _variables(out / "ckpt" / last / "ckpt"), _variables(reference / "ckpt" / last / "ckpt")
-    assert sorted(ours) == sorted(theirs)
-    for name in theirs:
-        np.testing.assert_array_equal(ours[name], theirs[name], err_msg=name)
+    assert_same_final_checkpoint(out, reference, EPOCHS, 89)
 
 
 def _resume(out, launcher=horovodrun_cmd, extra=None):
@@ -126,7 +97,7 @@ def reference(tmp_path_factory):
     out = tmp_path_factory.mktemp("preemption") / "reference"
     proc = _run(horovodrun_cmd(2, SCRIPT, [*ARGS, "--out", out]))
     assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-    assert _latest(out)["iteration"] == TOTAL
+    assert latest_meta(out)["iteration"] == TOTAL
     return out
 
 
@@ -139,7 +110,7 @@ def _check_signal_stop(returncode, stdout, stderr, seen, out, code=143):
     assert returncode != 0  # the job is not finished: launchers and schedulers must see it
     iteration = int(iteration)
     assert seen <= iteration < TOTAL
-    meta = _latest(out)  # no completed iteration lost: the newest checkpoint is the iteration stopped at
+    meta = latest_meta(out)  # no completed iteration lost: the newest checkpoint is the iteration stopped at
     assert (meta["iteration"], meta["signal"], meta["epoch"], meta["step"]) == (iteration, name, int(epoch),
                                                                               int(step))
     assert pathlib.Path(path).name == pathlib.Path(out / "ckpt" / (out / "ckpt" / "latest").read_text()).name
@@ -185,7 +156,7 @@ def test_a_job_stopped_three_ways_resumes_each_time_to_the_run_never_stopped(tmp
                                                   ask_at=second + 90)
     assert f"(iteration {second})" in stdout
     assert returncode == -signal.SIGKILL and not STOPPED.search(stderr)
-    meta = _latest(out)  # a periodic checkpoint, complete (written atomically) and on the period: at most the
+    meta = latest_meta(out)  # a periodic checkpoint, complete (written atomically) and on the period: at most the
     assert meta["signal"] is None and meta["iteration"] % PERIOD == 0 and meta["iteration"] >= seen  # period lost
 
     _resume(out)

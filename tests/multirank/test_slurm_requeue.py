@@ -29,7 +29,8 @@ import time
 
 import pytest
 
-from launch import horovodrun_cmd, mpi_env, mpi_missing, rank_env, run_command
+from launch import (STOPPED, assert_same_final_checkpoint, horovodrun_cmd, latest_meta, mpi_env, mpi_missing, rank_env,
+                    run_command)
 from slurmutil import SlurmCluster
 
 pytestmark = pytest.mark.multirank
@@ -56,8 +57,6 @@ DEMO = ROOT / "examples" / "configs" / "digits_warmup_steps.yaml"
 # newest checkpoint is at iteration 100 or later (inside epoch 2).
 KNOBS = {"EPOCHS": "4", "BATCH_SIZE": "8", "CHECKPOINT_PERIOD": "20"}
 TOTAL, ASK_AT = 356, 100
-STOPPED = re.compile(r"hvd_sched: (SIG\w+): every rank stopped at iteration (\d+) \(step (\d+) of epoch (\d+)\); "
-                     r"saved (\S+) in ([0-9.]+) s; exiting with status (\d+)")
 FINAL = re.compile(r"rank (\d): final val accuracy ([0-9.]+) \(360 samples, iteration (\d+)\)")
 RESUMED = re.compile(r"rank (\d): resumed from (\S+) .*\(iteration (\d+)\)")
 ENDED = ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
@@ -121,15 +120,6 @@ def _job(slurm, job):
     return dict(re.findall(r"(\w+)=(\S*)", proc.stdout))
 
 
-def _latest(out):
-    """The newest checkpoint's metadata, or None (read as a user would: the `latest` pointer, then meta.json)."""
-    try:
-        name = (out / "ckpt" / "latest").read_text().strip()
-        return json.loads((out / "ckpt" / name / "meta.json").read_text())
-    except (OSError, ValueError):
-        return None
-
-
 def _follow(slurm, job, out, log, act=None, rerun=(), timeout=300):
     """Watch `job` until it ends; returns its last `scontrol show job`. `act(info, meta)` is called at each poll
     with the job's state and its newest checkpoint's metadata. A requeued job waiting for its BeginTime is started
@@ -149,7 +139,7 @@ def _follow(slurm, job, out, log, act=None, rerun=(), timeout=300):
                 assert proc.returncode == 0, proc.stderr
                 held_since = None
         if act is not None:
-            act(info, _latest(out))
+            act(info, latest_meta(out))
         time.sleep(0.1)
     pytest.fail(f"job {job} did not end within {timeout} s: {_job(slurm, job)}\n"
                 f"{log.read_text()[-6000:] if log.exists() else ''}")
@@ -157,8 +147,6 @@ def _follow(slurm, job, out, log, act=None, rerun=(), timeout=300):
 
 def _assert_same_run(out, reference, log_text):
     """The job's final lines, summary and final checkpoint are those of the run never stopped, bit for bit."""
-    import numpy as np
-
     reference_out, reference_finals, epochs = reference
     total = 89 * epochs
     finals = sorted(FINAL.findall(log_text))
@@ -172,23 +160,7 @@ def _assert_same_run(out, reference, log_text):
     for entry in ours["epoch_log"]:  # the epochs the last run trained: validated on the same weights
         assert (entry["val_loss"], entry["val_accuracy"]) == (by_epoch[entry["epoch"]]["val_loss"],
                                                               by_epoch[entry["epoch"]]["val_accuracy"])
-    final, expected = _latest(out), _latest(reference_out)
-    assert (final["epoch"], final["step"], final["iteration"]) == (epochs - 1, 89, total) == \
-        (expected["epoch"], expected["step"], expected["iteration"])
-    last = f"epoch-{epochs - 1:04d}"
-    ours, theirs = _variables(out / "ckpt" / last / "ckpt"), _variables(reference_out / "ckpt" / last / "ckpt")
-    assert sorted(ours) == sorted(theirs)
-    for name in theirs:
-        np.testing.assert_array_equal(ours[name], theirs[name], err_msg=name)
-
-
-def _variables(path):
-    """Every variable of a checkpoint, by its checkpoint key."""
-    import tensorflow as tf
-
-    reader = tf.train.load_checkpoint(str(path))
-    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
-            if not name.startswith("_CHECKPOINTABLE_OBJECT_GRAPH")}
+    assert_same_final_checkpoint(out, reference_out, epochs, 89)
 
 
 def _check_stop(log_text, name, asked_at, total=TOTAL):
