@@ -319,8 +319,7 @@ class TrainingCheckpoint(_backend.keras.callbacks.Callback):
         # Read once per epoch and counted on from Keras' batch index (a read costs ~25-50 us per batch), except
         # where a step may be skipped without counting (Keras 3's loss scaling) or Keras runs several steps per
         # call (the index of the last one differs between Keras 2 and 3): then read at each call.
-        self._reads_count = (_backend.skips_iterations(optimizer)
-                             or _backend.steps_per_execution(self.model) != 1)
+        self._reads_count = _backend.skips_iterations(optimizer) or calls != 1
         self._first_epoch = True
         self._next_agreement = self._last_agreement = None
         self._requests.install()
