@@ -1,0 +1,1 @@
+"""MkDocs hook: placeholder (filled in by the docstring work)."""
