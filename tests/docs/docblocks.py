@@ -1,0 +1,115 @@
+"""The code blocks of the README and of the documentation site (docs/), as the tests run them.
+
+A fenced block's language says what the test does with it:
+
+- ``python``: run, in a fresh interpreter of the row's venv, in a temporary folder where ``examples/`` is the
+  repository's (so the blocks' relative paths work and nothing is written into the tree);
+- ``pycon``: run as a doctest there, every output compared (``...`` matches anything, doctest's ELLIPSIS);
+- ``console``: each ``$ `` line is a command (``python``, ``hvd-sched`` and ``horovodrun`` from the row's venv);
+  the lines after it are its output, compared the same way (a line ``...`` stands for any lines).
+
+An HTML comment on the line before the fence changes that, and says why:
+
+- ``<!-- test: skip REASON -->``: not run (it needs a GPU, a cluster, a user's data); a ``python`` block is still
+  compiled, so its syntax is checked;
+- ``<!-- test: prelude NAME -->``: the prelude ``NAME`` of ``PRELUDES`` runs first, in the same interpreter: it
+  defines what the text leaves to the reader (``model``, the data), nothing the block shows.
+
+Other languages (``bash``, ``yaml``, ``text``) are shown, not run.
+"""
+
+import pathlib
+import re
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+_FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+)(?P<lang>[\w-]*)[^\n]*$")
+_MARK = re.compile(r"^\s*<!-- test: (?P<kind>skip|prelude) (?P<arg>.+?) -->\s*$")
+RUN_LANGS = ("python", "pycon", "console")
+
+#: What a page leaves to the reader, made small: digits, one Dense model, Horovod on one process.
+_DIGITS = """
+import numpy as np, tensorflow as tf, horovod.tensorflow.keras as hvd
+import hvd_sched, hvd_sched.keras
+from sklearn.datasets import load_digits
+hvd.init()
+_digits = load_digits()
+x_shard = (_digits.data / 16.0).astype("float32")[hvd.rank()::hvd.size()]
+y_shard = _digits.target[hvd.rank()::hvd.size()]
+x, y = x_shard, y_shard
+model = tf.keras.Sequential([tf.keras.Input((64,)), tf.keras.layers.Dense(32, activation="relu"),
+                             tf.keras.layers.Dense(10, activation="softmax")])
+"""
+
+PRELUDES = {
+    # the ten lines of `model.fit`: a model and this rank's shard of the data
+    "fit": _DIGITS,
+    # "In your own script" (preemption): a seeded data stream that skips the micro-batches already used
+    "resume": _DIGITS + """
+from hvd_sched.keras import horovod_callbacks
+model.compile(hvd_sched.keras.DistributedOptimizer(hvd_sched.keras.ScheduledOptimizer(
+    tf.keras.optimizers.SGD(momentum=0.9), hvd_sched.from_detectron("examples/configs/e2e_faster_rcnn_R-50-FPN_1x.yaml"))),
+    "sparse_categorical_crossentropy", jit_compile=False)
+steps, epochs, iter_size, batch = 10, 2, 1, 32
+def make_dataset(skip=0):
+    data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=1).repeat().batch(batch)
+    return data.skip(skip)
+""",
+    # "Large batches": a SOLVER with ITER_SIZE 2, the micro-batch size and the updates per epoch
+    "accumulate": _DIGITS + """
+from hvd_sched.keras import horovod_callbacks
+solver = {"BASE_LR": 0.05, "REFERENCE_WORLD_SIZE": 1, "ITER_SIZE": 2, "LR_POLICY": "steps_with_decay",
+          "STEPS": [0, 20], "MAX_ITER": 40, "WARM_UP_ITERS": 5}
+k, micro_batch, updates_per_epoch = 2, 32, 10
+""",
+}
+
+
+class Block:
+    """One fenced block: where it is, its language, its text, and its test comment (skip / prelude)."""
+
+    def __init__(self, path, line, lang, text, kind=None, arg=None):
+        self.path, self.line, self.lang, self.text, self.kind, self.arg = path, line, lang, text, kind, arg
+
+    @property
+    def id(self):
+        return f"{self.path.relative_to(ROOT).as_posix()}:{self.line}"
+
+
+def blocks(path):
+    """Every fenced block of a Markdown file, in order (nested fences inside a block are its text)."""
+    lines = path.read_text().splitlines()
+    found, i = [], 0
+    while i < len(lines):
+        match = _FENCE.match(lines[i])
+        if not match:
+            i += 1
+            continue
+        indent, fence, lang = len(match["indent"]), match["fence"], match["lang"]
+        mark = _MARK.match(lines[i - 1]) if i else None
+        body, j = [], i + 1
+        while j < len(lines) and not re.match(rf"^ {{0,{indent}}}{fence}\s*$", lines[j]):
+            body.append(lines[j][indent:] if lines[j].startswith(" " * indent) else lines[j])
+            j += 1
+        if j == len(lines):
+            raise ValueError(f"{path}:{i + 1}: the fence {fence}{lang} is never closed")
+        found.append(Block(path, i + 1, lang, "\n".join(body) + "\n", mark and mark["kind"], mark and mark["arg"]))
+        i = j + 1
+    return found
+
+
+def pages():
+    """The README and every page of the site (docs/, but not the benchmarks' raw printouts in docs/bench)."""
+    return [ROOT / "README.md"] + sorted(p for p in (ROOT / "docs").rglob("*.md") if "bench" not in p.parts)
+
+
+def console_steps(text):
+    """A console block as [(command, expected output)]."""
+    steps = []
+    for line in text.splitlines():
+        if line.startswith("$ "):
+            steps.append([line[2:], []])
+        elif steps:
+            steps[-1][1].append(line)
+        elif line.strip():
+            raise ValueError(f"console block: output before the first `$ ` line: {line!r}")
+    return [(command, "\n".join(out).rstrip("\n") + "\n" if out else "") for command, out in steps]

@@ -1,0 +1,135 @@
+"""Every example of the README and of the documentation site runs, and every output they quote is what runs.
+
+The rules (which blocks run, how outputs are compared, the skip and prelude comments) are in docblocks.py. Each
+block runs in its own interpreter of the row's venv, in a temporary folder with the repository's ``examples/``,
+so a block's relative paths work as in the text and nothing is written into the tree.
+"""
+
+import doctest
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from docblocks import PRELUDES, ROOT, RUN_LANGS, blocks, console_steps, pages
+
+BIN = pathlib.Path(sys.executable).parent
+_PURE = re.compile(r"tensorflow|hvd_sched\.keras|horovod|keras")
+_RANK_LINE = re.compile(r"^\[(\d+)\]<stdout>:(.*)$")
+# Keras' own progress output (`Epoch 3/8`, the bars), which the pages leave out of the outputs they quote.
+_KERAS_PROGRESS = re.compile(r"^\s*(Epoch \d+/\d+|\d+/\d+ .*)?\s*$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_DOCTEST_RUNNER = """
+import doctest, sys
+text = open(sys.argv[1]).read()
+globs = {"__name__": "__main__"}
+exec(open(sys.argv[2]).read(), globs)
+test = doctest.DocTestParser().get_doctest(text, globs, sys.argv[3], sys.argv[3], 0)
+runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
+runner.run(test)
+sys.exit(1 if runner.failures else 0)
+"""
+
+
+def _all_blocks():
+    return [b for page in pages() for b in blocks(page) if b.lang in RUN_LANGS]
+
+
+def _params():
+    params = []
+    for block in _all_blocks():
+        needs_keras = _PURE.search(block.text + PRELUDES.get(block.arg or "", "")) or block.kind == "prelude"
+        marks = [] if needs_keras else [pytest.mark.keras_independent]
+        params.append(pytest.param(block, id=block.id, marks=marks))
+    return params
+
+
+@pytest.fixture
+def work(tmp_path):
+    """A folder where `examples/` is the repository's: the blocks' paths resolve, their outputs stay here."""
+    (tmp_path / "examples").symlink_to(ROOT / "examples")
+    return tmp_path
+
+
+def _env():
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+                TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", TF_NUM_INTRAOP_THREADS="1",
+                TF_NUM_INTEROP_THREADS="1", OMP_NUM_THREADS="1", PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
+
+
+def _run(command, cwd, timeout=300):
+    proc = subprocess.run(command, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def _same(want, got):
+    """doctest's comparison with ELLIPSIS: `...` matches any text, a line `...` any lines."""
+    return doctest.OutputChecker().check_output(want, got, doctest.ELLIPSIS)
+
+
+def _console_command(command):
+    """The venv's programs for the names a block uses; None for a command the test does not run."""
+    words = command.split()
+    if words[0] in ("python", "hvd-sched"):
+        return [sys.executable if words[0] == "python" else str(BIN / "hvd-sched"), *words[1:]]
+    if words[0] == "horovodrun":
+        return [str(BIN / "horovodrun"), *[sys.executable if w == "python" else w for w in words[1:]]]
+    return None
+
+
+def _ranks_stdout(out):
+    """horovodrun's output as each rank's stdout lines, rank 0's first (a rank's own order is kept), without Keras'
+    progress lines and blank lines."""
+    by_rank = {}
+    for line in _ANSI.sub("", out).replace("\r", "\n").splitlines():
+        match = _RANK_LINE.match(line)
+        if match and not _KERAS_PROGRESS.match(match[2]):
+            by_rank.setdefault(int(match[1]), []).append(match[2])
+    return "".join(line + "\n" for rank in sorted(by_rank) for line in by_rank[rank])
+
+
+@pytest.mark.parametrize("block", _params())
+def test_block(block, work):
+    where = f"{block.id} ({block.lang} block)"
+    if block.kind == "skip":
+        if block.lang == "python":
+            compile(block.text, where, "exec")
+        return
+    prelude = PRELUDES[block.arg] if block.kind == "prelude" else ""
+    if block.lang == "python":
+        script = work / "block.py"
+        script.write_text(prelude + "\n" + block.text)
+        code, out, err = _run([sys.executable, str(script)], work)
+        assert code == 0, f"{where} exited {code}\n{out[-4000:]}\n{err[-6000:]}"
+    elif block.lang == "pycon":
+        (work / "runner.py").write_text(_DOCTEST_RUNNER)
+        (work / "block.txt").write_text(block.text)
+        (work / "prelude.py").write_text(prelude)
+        code, out, err = _run([sys.executable, "runner.py", "block.txt", "prelude.py", where], work)
+        assert code == 0, f"{where}: the doctest failed\n{out[-8000:]}\n{err[-4000:]}"
+    else:
+        for command, want in console_steps(block.text):
+            argv = _console_command(command)
+            assert argv, f"{where}: `{command}` is not a command this test runs; mark the block <!-- test: skip ... -->"
+            code, out, err = _run(argv, work)
+            got = _ranks_stdout(out) if argv[0].endswith("horovodrun") else out
+            assert code == 0, f"{where}: `{command}` exited {code}\n{out[-4000:]}\n{err[-4000:]}"
+            assert _same(want, got), f"{where}: `{command}` prints\n{got}\nbut the text shows\n{want}"
+
+
+def test_every_skip_names_a_reason_and_every_prelude_exists():
+    for block in (b for page in pages() for b in blocks(page)):
+        if block.kind == "skip":
+            assert block.lang in RUN_LANGS and len(block.arg.split()) >= 3, \
+                f"{block.id}: a skip names why the block cannot run here (and marks a block that would run)"
+        if block.kind == "prelude":
+            assert block.arg in PRELUDES, f"{block.id}: no prelude {block.arg!r}; docblocks.PRELUDES has {sorted(PRELUDES)}"
+
+
+def test_the_site_has_examples_to_run():
+    """The pages this test reads are the ones there are: the collection above is not silently empty."""
+    langs = [b.lang for b in _all_blocks()]
+    assert langs.count("python") >= 3 and langs.count("pycon") >= 3 and langs.count("console") >= 2, langs
