@@ -6,7 +6,8 @@ A fenced block's language says what the test does with it:
   repository's (so the blocks' relative paths work and nothing is written into the tree);
 - ``pycon``: run as a doctest there, every output compared (``...`` matches anything, doctest's ELLIPSIS);
 - ``console``: each ``$ `` line is a command (``python``, ``hvd-sched`` and ``horovodrun`` from the row's venv);
-  the lines after it are its output, compared the same way (a line ``...`` stands for any lines).
+  the lines after it are its output, compared the same way (a line ``...`` stands for any lines);
+- ``yaml``: parsed; one with a ``SOLVER`` section is read by ``hvd_sched.from_detectron`` (a valid config).
 
 An HTML comment on the line before the fence changes that, and says why:
 
@@ -15,7 +16,7 @@ An HTML comment on the line before the fence changes that, and says why:
 - ``<!-- test: prelude NAME -->``: the prelude ``NAME`` of ``PRELUDES`` runs first, in the same interpreter: it
   defines what the text leaves to the reader (``model``, the data), nothing the block shows.
 
-Other languages (``bash``, ``yaml``, ``text``) are shown, not run.
+Other languages (``bash``, ``text``) are shown, not run.
 """
 
 import pathlib
@@ -24,7 +25,7 @@ import re
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 _FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+)(?P<lang>[\w-]*)[^\n]*$")
 _MARK = re.compile(r"^\s*<!-- test: (?P<kind>skip|prelude) (?P<arg>.+?) -->\s*$")
-RUN_LANGS = ("python", "pycon", "console")
+RUN_LANGS = ("python", "pycon", "console", "yaml")
 
 #: What a page leaves to the reader, made small: digits, one Dense model, Horovod on one process.
 _DIGITS = """

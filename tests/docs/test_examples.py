@@ -10,10 +10,13 @@ import os
 import pathlib
 import re
 import subprocess
+import unicodedata
 import sys
 
 import pytest
+import yaml
 
+import hvd_sched
 from docblocks import PRELUDES, ROOT, RUN_LANGS, blocks, console_steps, pages
 
 BIN = pathlib.Path(sys.executable).parent
@@ -99,7 +102,13 @@ def test_block(block, work):
             compile(block.text, where, "exec")
         return
     prelude = PRELUDES[block.arg] if block.kind == "prelude" else ""
-    if block.lang == "python":
+    if block.lang == "yaml":
+        config = yaml.safe_load(block.text)
+        if isinstance(config, dict) and "SOLVER" in config:
+            # as the pages' configs run: on the demo's 2 ranks where the config scales by the world size
+            scaled = "REFERENCE_WORLD_SIZE" in (config["SOLVER"] or {})
+            hvd_sched.from_detectron(config, world_size=2 if scaled else None, steps_per_epoch=22)
+    elif block.lang == "python":
         script = work / "block.py"
         script.write_text(prelude + "\n" + block.text)
         code, out, err = _run([sys.executable, str(script)], work)
@@ -133,3 +142,26 @@ def test_the_site_has_examples_to_run():
     """The pages this test reads are the ones there are: the collection above is not silently empty."""
     langs = [b.lang for b in _all_blocks()]
     assert langs.count("python") >= 3 and langs.count("pycon") >= 3 and langs.count("console") >= 2, langs
+
+
+def _slug(heading):
+    """Python-Markdown's toc slug (what MkDocs and the site's anchors use) of a heading's text."""
+    text = unicodedata.normalize("NFKD", re.sub(r"[`*]", "", heading)).encode("ascii", "ignore").decode()
+    return re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", text).strip().lower())
+
+
+@pytest.mark.keras_independent
+def test_the_readmes_links_reach_pages_and_anchors():
+    """The site's build checks its own links (strict); the README is outside it, so its links are checked here."""
+    text = (ROOT / "README.md").read_text()
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    assert len(links) >= 10, links
+    for link in links:
+        if re.match(r"[a-z]+://", link):
+            continue
+        path, _, anchor = link.partition("#")
+        target = ROOT / path
+        assert target.is_file(), f"README links to {link}, which is not a file"
+        if anchor:
+            headings = re.findall(r"(?m)^#{1,6} (.+)$", target.read_text())
+            assert anchor in {_slug(h) for h in headings}, f"README links to {link}: no such heading in {path}"
