@@ -1,23 +1,23 @@
 """The stack check and the one run-time adjustment hvd_sched needs on the newer rows of its support matrix.
 
-Imported by ``hvd_sched.keras`` before anything imports Horovod (and by the test and benchmark scripts that
+Imported by `hvd_sched.keras` before anything imports Horovod (and by the test and benchmark scripts that
 import Horovod themselves). On import it:
 
 1. reads the installed versions (Python, numpy, TensorFlow, tf-keras, keras, the TensorFlow Horovod was built
    against) from package metadata, without importing TensorFlow, and raises `UnsupportedStackError` (an
    `ImportError`) naming what was found, what is supported and the command that installs a supported stack,
    before TensorFlow or Horovod can fail deep inside their own imports (e.g. TensorFlow 2.15 under numpy 2);
-2. only where ``tf.keras`` is Keras 2 from tf-keras (TensorFlow >= 2.16 with ``TF_USE_LEGACY_KERAS=1``, see
-   `keras_major`), makes ``import keras`` resolve to ``tf_keras``: Horovod 0.28.1's Keras layer does
-   ``from keras import backend``, and Keras 3 there breaks ``MetricAverageCallback`` (``module 'keras.backend'
-   has no attribute 'constant'``). Where ``tf.keras`` is Keras 3 (the keras3 row) ``keras`` is left alone;
-3. imports ``horovod.tensorflow`` and turns a failed load (Horovod missing, or built against another
+2. only where `tf.keras` is Keras 2 from tf-keras (TensorFlow >= 2.16 with `TF_USE_LEGACY_KERAS=1`, see
+   `keras_major`), makes `import keras` resolve to `tf_keras`: Horovod 0.28.1's Keras layer does
+   `from keras import backend`, and Keras 3 there breaks `MetricAverageCallback` (`module 'keras.backend'
+   has no attribute 'constant'`). Where `tf.keras` is Keras 3 (the keras3 row) `keras` is left alone;
+3. imports `horovod.tensorflow` and turns a failed load (Horovod missing, or built against another
    TensorFlow) into the same clear error.
 
-Nothing of Horovod's is patched. On the tf-keras rows users import ``hvd_sched.keras`` (or
-``hvd_sched._compat``) before ``horovod.tensorflow.keras``, and the error says which line to move when they do
-not; on the Keras 3 row the order does not matter. The rows themselves are pinned in ``scripts/versions.env``
-(``SUPPORTED_STACKS`` repeats them, tests/unit/test_compat.py checks that the two agree).
+Nothing of Horovod's is patched. On the tf-keras rows users import `hvd_sched.keras` (or
+`hvd_sched._compat`) before `horovod.tensorflow.keras`, and the error says which line to move when they do
+not; on the Keras 3 row the order does not matter. The rows themselves are pinned in `scripts/versions.env`
+(`SUPPORTED_STACKS` repeats them, tests/unit/test_compat.py checks that the two agree).
 """
 
 import collections
@@ -95,25 +95,25 @@ def installed_stack():
 
 
 def keras_major(found=None):
-    """The major version of the Keras that ``tf.keras`` is on this stack: 2 or 3, without importing TensorFlow.
+    """The major version of the Keras that `tf.keras` is on this stack: 2 or 3, without importing TensorFlow.
 
-    3 if and only if TensorFlow >= 2.16 and ``TF_USE_LEGACY_KERAS`` is not one of the values TensorFlow itself
-    reads as true (``"1"``, ``"true"``, ``"True"``; unset, ``"0"``, ``"false"`` and anything else mean Keras 3),
-    the rule of ``tensorflow/__init__.py``. 2 otherwise: TensorFlow 2.15 has Keras 2 built in, later ones route
-    ``tf.keras`` to tf-keras under ``TF_USE_LEGACY_KERAS=1``. Whether that Keras is installed is
-    `stack_problems`' question, not this one's. ``hvd_sched.keras`` picks its Keras 2 or Keras 3 implementation
+    3 if and only if TensorFlow >= 2.16 and `TF_USE_LEGACY_KERAS` is not one of the values TensorFlow itself
+    reads as true (`"1"`, `"true"`, `"True"`; unset, `"0"`, `"false"` and anything else mean Keras 3),
+    the rule of `tensorflow/__init__.py`. 2 otherwise: TensorFlow 2.15 has Keras 2 built in, later ones route
+    `tf.keras` to tf-keras under `TF_USE_LEGACY_KERAS=1`. Whether that Keras is installed is
+    `stack_problems`' question, not this one's. `hvd_sched.keras` picks its Keras 2 or Keras 3 implementation
     with it.
 
     Args:
-        found: a mapping with ``"tensorflow"`` (the installed version string) and ``"legacy_keras"`` (the value
-            of ``TF_USE_LEGACY_KERAS``, None when unset), as `installed_stack` returns it; None (the default)
-            reads both now, from package metadata and ``os.environ``.
+        found: a mapping with `"tensorflow"` (the installed version string) and `"legacy_keras"` (the value
+            of `TF_USE_LEGACY_KERAS`, None when unset), as `installed_stack` returns it; None (the default)
+            reads both now, from package metadata and `os.environ`.
 
     Returns:
         2 or 3.
 
     Raises:
-        UnsupportedStackError: TensorFlow is not installed (``found["tensorflow"]`` is None).
+        UnsupportedStackError: TensorFlow is not installed (`found["tensorflow"]` is None).
 
     Example:
         >>> from hvd_sched import _compat
@@ -136,7 +136,7 @@ def stack_problems(*, python, numpy, tensorflow, tf_keras, keras, horovod, horov
 
     Args:
         python, numpy, tensorflow, tf_keras, keras, horovod: installed versions (None: not installed);
-            ``keras`` is the ``keras`` distribution (Keras 3 on TensorFlow >= 2.16).
+            `keras` is the `keras` distribution (Keras 3 on TensorFlow >= 2.16).
         horovod_tf: the TensorFlow version Horovod was built against (horovod/metadata.json), or None.
         legacy_keras: the value of TF_USE_LEGACY_KERAS, or None when unset.
 

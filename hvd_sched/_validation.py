@@ -2,13 +2,13 @@
 
 Two wordings, one per audience:
 
-- **Config keys** (``number``, ``integer``, ``int_list``, ...): the error names the Detectron key, upper case,
-  and the value, e.g. ``WARM_UP_FACTOR must be in (0, 1], got 1.5``. ``Schedule``, ``from_detectron`` and the
+- **Config keys** (`number`, `integer`, `int_list`, ...): the error names the Detectron key, upper case,
+  and the value, e.g. `WARM_UP_FACTOR must be in (0, 1], got 1.5`. `Schedule`, `from_detectron` and the
   dialects use these, so a message reads the same whichever door a value came in by.
-- **Function arguments** (``argument_number``, ``name_rules``): Keras' own wording for argument errors
+- **Function arguments** (`argument_number`, `name_rules`): Keras' own wording for argument errors
   (``Argument `x` must be ... Received: x=...``), for the Keras glue.
 
-Every validator returns the value as the plain Python type it checked (``float``, ``int``, a new ``list``), so
+Every validator returns the value as the plain Python type it checked (`float`, `int`, a new `list`), so
 callers never keep, nor mutate, the caller's objects.
 
 Example:
@@ -53,12 +53,12 @@ MAX_INT = 2**53
 
 
 def key(name):
-    """The Detectron key of a ``Schedule`` argument: ``'warm_up_iters'`` -> ``'WARM_UP_ITERS'``."""
+    """The Detectron key of a `Schedule` argument: `'warm_up_iters'` -> `'WARM_UP_ITERS'`."""
     return name.upper()
 
 
 def safe_repr(value):
-    """``repr(value)``, or a summary when it holds an int too long to print (``sys.get_int_max_str_digits``)."""
+    """`repr(value)`, or a summary when it holds an int too long to print (`sys.get_int_max_str_digits`)."""
     try:
         return repr(value)
     except ValueError:
@@ -66,7 +66,7 @@ def safe_repr(value):
 
 
 def to_float(value):
-    """``float(value)``, or nan for a real beyond float64 (``10**400``), which the callers reject as not finite."""
+    """`float(value)`, or nan for a real beyond float64 (`10**400`), which the callers reject as not finite."""
     try:
         return float(value)
     except OverflowError:
@@ -78,7 +78,7 @@ def _is_bool(value):
 
 
 def _is_real(value):
-    """A real number that is not a bool (``True`` is an int to Python, never a number to a config)."""
+    """A real number that is not a bool (`True` is an int to Python, never a number to a config)."""
     return not _is_bool(value) and isinstance(value, numbers.Real)
 
 
@@ -87,18 +87,18 @@ def _is_int(value):
 
 
 def number(name, value, *, low=None, high=None, low_open=False):
-    """A finite real (not bool) ``>= low`` (``> low`` if ``low_open``) and ``<= high``, as a Python float.
+    """A finite real (not bool) `>= low` (`> low` if `low_open`) and `<= high`, as a Python float.
 
     Args:
-        name: the ``Schedule`` argument; the message names its key (upper case).
+        name: the `Schedule` argument; the message names its key (upper case).
         value: the value to check.
         low: the lower bound (required).
         high: the upper bound, or None.
-        low_open: exclude ``low`` itself.
+        low_open: exclude `low` itself.
 
     Raises:
-        TypeError: ``BASE_LR must be a number, got '0.1' (str)``.
-        ValueError: ``WARM_UP_FACTOR must be in (0, 1], got 1.5`` (also for nan and inf).
+        TypeError: `BASE_LR must be a number, got '0.1' (str)`.
+        ValueError: `WARM_UP_FACTOR must be in (0, 1], got 1.5` (also for nan and inf).
     """
     if not _is_real(value):
         raise TypeError(f"{key(name)} must be a number, got {safe_repr(value)} ({type(value).__name__})")
@@ -114,13 +114,13 @@ def number(name, value, *, low=None, high=None, low_open=False):
 
 
 def integer(name, value, *, low=0, high=MAX_INT, label=None):
-    """An int (not bool, not float) in ``[low, high]`` (``high`` None: unbounded), as a Python int.
+    """An int (not bool, not float) in `[low, high]` (`high` None: unbounded), as a Python int.
 
-    ``label`` replaces the upper-cased key in the message (for function arguments such as ``world_size``).
+    `label` replaces the upper-cased key in the message (for function arguments such as `world_size`).
 
     Raises:
-        TypeError: ``MAX_ITER must be an int, got 1.5 (float)``.
-        ValueError: ``MAX_ITER must be >= 1, got 0``.
+        TypeError: `MAX_ITER must be an int, got 1.5 (float)`.
+        ValueError: `MAX_ITER must be >= 1, got 0`.
     """
     label = label or key(name)
     if not _is_int(value):
@@ -141,7 +141,7 @@ def sequence(name, value):
 
 
 def int_list(name, value, *, low=0, high=MAX_INT):
-    """A sequence of ints in ``[low, high]``, as a new list of Python ints; the message shows the whole list."""
+    """A sequence of ints in `[low, high]`, as a new list of Python ints; the message shows the whole list."""
     items = sequence(name, value)
     for item in items:
         if not _is_int(item):
@@ -165,14 +165,14 @@ def float_list(name, value):
 
 
 def string(label, value):
-    """A ``str``; ``label`` is the key as the message names it (``LR_POLICY``)."""
+    """A `str`; `label` is the key as the message names it (`LR_POLICY`)."""
     if not isinstance(value, str):
         raise TypeError(f"{label} must be a string, got {value!r} ({type(value).__name__})")
     return value
 
 
 def choice(name, value, choices):
-    """A string among ``choices``; the message lists them."""
+    """A string among `choices`; the message lists them."""
     string(key(name), value)
     if value not in choices:
         raise ValueError(f"unknown {key(name)} {value!r}; expected one of {list(choices)}")
@@ -180,14 +180,14 @@ def choice(name, value, choices):
 
 
 def boolean(label, value):
-    """A Python ``bool`` (not 0/1, not a numpy bool); ``label`` is the key as the message names it."""
+    """A Python `bool` (not 0/1, not a numpy bool); `label` is the key as the message names it."""
     if not isinstance(value, bool):
         raise TypeError(f"{label} must be a bool, got {value!r} ({type(value).__name__})")
     return value
 
 
 def close_match_hint(name, valid):
-    """The end of an "unknown key" message: ``; did you mean 'MAX_ITER'?``, else ``; valid keys: [...]``."""
+    """The end of an "unknown key" message: `; did you mean 'MAX_ITER'?`, else `; valid keys: [...]`."""
     close = difflib.get_close_matches(name.upper(), valid, n=1)
     return f"; did you mean {close[0]!r}?" if close else f"; valid keys: {sorted(valid)}"
 
@@ -198,16 +198,16 @@ def _bound_text(low):
 
 
 def argument_number(argument, value, *, low=0.0, low_open=False, allow_none=False, say_none=None):
-    """A function argument that is a finite real ``>= low`` (``> low`` if ``low_open``), as a float, in Keras'
+    """A function argument that is a finite real `>= low` (`> low` if `low_open`), as a float, in Keras'
     wording.
 
     Args:
         argument: the argument's name.
         value: the value received.
         low: the lower bound.
-        low_open: exclude ``low`` itself.
+        low_open: exclude `low` itself.
         allow_none: return None for None instead of raising.
-        say_none: whether the message says ``or None`` (default: ``allow_none``). False keeps None out of the
+        say_none: whether the message says `or None` (default: `allow_none`). False keeps None out of the
             message of an argument whose None means "the default", not a value a user would write.
 
     Returns:
@@ -236,12 +236,12 @@ def name_rules(argument, rules, value_name):
     """Rules that map variable-name regexes to a number each (a factor, a decay), first match wins.
 
     Args:
-        argument: the argument's name (``'lr_multipliers'``).
+        argument: the argument's name (`'lr_multipliers'`).
         rules: a dict of regex -> finite number >= 0 (in the order they are tried), or None (no rule).
-        value_name: what a value is, for the message (``'factor'``, ``'decay'``).
+        value_name: what a value is, for the message (`'factor'`, `'decay'`).
 
     Returns:
-        A tuple of ``(pattern, compiled regex, float)``, in the dict's order; ``()`` for None.
+        A tuple of `(pattern, compiled regex, float)`, in the dict's order; `()` for None.
 
     Raises:
         TypeError: for a non-dict or a non-string key.

@@ -1,17 +1,17 @@
-"""``hvd-sched``: look at a Detectron-style solver config without TensorFlow (layer 5: an entry point).
+"""`hvd-sched`: look at a Detectron-style solver config without TensorFlow (layer 5: an entry point).
 
     hvd-sched show  CONFIG [--world-size N] [--steps-per-epoch S]     the phases, LRs and momentum corrections
     hvd-sched plot  CONFIG -o lr.png [--log] [--width PX --height PX]  a PNG of the LR (matplotlib, Agg)
     hvd-sched check CONFIG [--world-size N] [--steps-per-epoch S]     validate: every problem, or a summary
 
-``CONFIG`` is a Detectron YAML file (only its ``SOLVER`` section is read). ``--world-size`` applies the linear
-scaling of ``REFERENCE_WORLD_SIZE`` by ``N x ITER_SIZE`` (without it the config is shown as written, for its
-reference size: ``REFERENCE_WORLD_SIZE / ITER_SIZE`` ranks); ``--steps-per-epoch`` (optimizer updates per epoch)
-converts the ``*_EPOCHS`` keys. Iterations count optimizer updates, each of ITER_SIZE micro-batches per rank. Also
-runs as ``python -m hvd_sched.cli``.
+`CONFIG` is a Detectron YAML file (only its `SOLVER` section is read). `--world-size` applies the linear
+scaling of `REFERENCE_WORLD_SIZE` by `N x ITER_SIZE` (without it the config is shown as written, for its
+reference size: `REFERENCE_WORLD_SIZE / ITER_SIZE` ranks); `--steps-per-epoch` (optimizer updates per epoch)
+converts the `*_EPOCHS` keys. Iterations count optimizer updates, each of ITER_SIZE micro-batches per rank. Also
+runs as `python -m hvd_sched.cli`.
 
 Exit status: 0 on success; 2 for bad input (usage, missing file, malformed YAML, invalid values), reported as
-messages on stderr, never a traceback. Imports numpy and PyYAML only (matplotlib for ``plot``).
+messages on stderr, never a traceback. Imports numpy and PyYAML only (matplotlib for `plot`).
 """
 
 import argparse
@@ -30,12 +30,12 @@ __all__ = ["main", "collect_problems", "phases", "EXIT_OK", "EXIT_BAD_INPUT"]
 
 EXIT_OK = 0
 EXIT_BAD_INPUT = 2
-#: ``check`` converts epoch keys with this many steps per epoch when ``--steps-per-epoch`` is not given.
+#: `check` converts epoch keys with this many steps per epoch when `--steps-per-epoch` is not given.
 PROVISIONAL_STEPS_PER_EPOCH = 1000
 
 _INPUT_ERRORS = (ValueError, TypeError)
 _MAX_ROWS = 40  # phase rows of a long `step` policy shown before the middle is folded into one row
-#: ``show`` and ``check`` stop counting momentum corrections here (an every-change rule on a long continuous
+#: `show` and `check` stop counting momentum corrections here (an every-change rule on a long continuous
 #: policy corrects at every float32 LR change: tens of millions of iterations).
 MAX_CORRECTIONS = 10000
 _STEP_POLICIES = ("steps_with_decay", "steps_with_lrs", "steps_with_relative_lrs")
@@ -44,7 +44,7 @@ _HINTS = (("steps_per_epoch is required", "pass --steps-per-epoch S"),
 
 
 class _BadInput(Exception):
-    """Input the user must fix; ``problems`` are printed one per line and the exit status is 2."""
+    """Input the user must fix; `problems` are printed one per line and the exit status is 2."""
 
     def __init__(self, problems, *, about_config=True):
         super().__init__("; ".join(problems))
@@ -53,7 +53,7 @@ class _BadInput(Exception):
 
 
 def _fmt(value):
-    """The shortest text that reads back as the same float32 (``0.02``, not ``0.019999999552965164``)."""
+    """The shortest text that reads back as the same float32 (`0.02`, not `0.019999999552965164`)."""
     return str(np.float32(value))
 
 
@@ -78,17 +78,17 @@ def _named_keys(error, keys):
 def collect_problems(section, *, steps_per_epoch=None, world_size=None, dialect="detectron"):
     """Validate a SOLVER mapping and list every problem, not only the first.
 
-    ``from_detectron`` stops at the first error. Each error names the keys at fault, so those keys are set back
+    `from_detectron` stops at the first error. Each error names the keys at fault, so those keys are set back
     to their defaults and the rest is validated again, until it passes. An error that names a key already set
     back is a consequence of that (e.g. LR_POLICY without its STEPS) and is not reported twice.
 
     Args:
         section: a mapping of SOLVER keys.
-        steps_per_epoch: passed to ``from_detectron``.
-        world_size: passed to ``from_detectron``.
+        steps_per_epoch: passed to `from_detectron`.
+        world_size: passed to `from_detectron`.
 
     Returns:
-        ``(schedule, problems)``: the Schedule and ``[]`` if valid, else ``None`` and the messages.
+        `(schedule, problems)`: the Schedule and `[]` if valid, else `None` and the messages.
     """
     remaining, removed, problems = dict(section), [], []
     for _ in range(len(section) + 1):
@@ -114,16 +114,16 @@ def _positive_int(value):
 
 
 def _iter_size(section):
-    """The config's ITER_SIZE when it is valid, else 1 (``from_detectron`` reports an invalid one)."""
+    """The config's ITER_SIZE when it is valid, else 1 (`from_detectron` reports an invalid one)."""
     iter_size = section.get("ITER_SIZE", 1)
     return iter_size if _positive_int(iter_size) else 1
 
 
 def _world_size(section, given):
-    """``--world-size``, else the ranks the config was written for (REFERENCE_WORLD_SIZE / ITER_SIZE), else None.
+    """`--world-size`, else the ranks the config was written for (REFERENCE_WORLD_SIZE / ITER_SIZE), else None.
 
     REFERENCE_WORLD_SIZE counts ranks x ITER_SIZE; when ITER_SIZE does not divide it, no number of ranks runs the
-    config as written, and its REFERENCE_WORLD_SIZE ranks are shown (``_load`` notes the scaling).
+    config as written, and its REFERENCE_WORLD_SIZE ranks are shown (`_load` notes the scaling).
     """
     if given is not None:
         return given, None
@@ -139,7 +139,7 @@ def _world_size(section, given):
 
 
 def _load(args, *, provisional_steps=False):
-    """``(schedule, notes)`` for the CONFIG of ``args``, or ``_BadInput`` with every problem."""
+    """`(schedule, notes)` for the CONFIG of `args`, or `_BadInput` with every problem."""
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
@@ -183,15 +183,15 @@ def _stage_index(schedule, it):
 
 
 def phases(schedule):
-    """The rows of ``hvd-sched show``'s phase table.
+    """The rows of `hvd-sched show`'s phase table.
 
     Args:
-        schedule: an ``hvd_sched.Schedule``.
+        schedule: an `hvd_sched.Schedule`.
 
     Returns:
-        One ``(name, start, end, lr_at(start), lr_at(end - 1))`` per interval between consecutive
-        ``schedule.boundaries()`` (name: ``warmup (method)``, ``step k`` or the policy), then
-        ``("end", last boundary, None, lr_at(last boundary), None)``: the LR held from there on.
+        One `(name, start, end, lr_at(start), lr_at(end - 1))` per interval between consecutive
+        `schedule.boundaries()` (name: `warmup (method)`, `step k` or the policy), then
+        `("end", last boundary, None, lr_at(last boundary), None)`: the LR held from there on.
     """
     points, folded = _phase_points(schedule)
     rows = []
@@ -211,8 +211,8 @@ def phases(schedule):
 
 
 def _phase_points(schedule):
-    """``schedule.boundaries()``, except that a ``step`` policy of more than ``_MAX_ROWS`` decays keeps its first
-    and last ``_MAX_ROWS // 2`` and folds the rest into one row; returns ``(points, folded row starts)``."""
+    """`schedule.boundaries()`, except that a `step` policy of more than `_MAX_ROWS` decays keeps its first
+    and last `_MAX_ROWS // 2` and folds the rest into one row; returns `(points, folded row starts)`."""
     if schedule.lr_policy != "step" or schedule.max_iter // schedule.step_size <= _MAX_ROWS:
         return schedule.boundaries(), set()
     size, decays = schedule.step_size, schedule.max_iter // schedule.step_size
@@ -250,7 +250,7 @@ def _dialect_warmup(schedule):
 
 
 def _parameter_rules(schedule):
-    """The per-parameter weight decay and LR rules ``build_optimizer`` applies, for this schedule's dialect."""
+    """The per-parameter weight decay and LR rules `build_optimizer` applies, for this schedule's dialect."""
     wd = f"{schedule.weight_decay:g}"
     if schedule.dialect == "video_nonlocal":
         return (f"weight decay {wd} on kernels and biases (no bias rule), {schedule.weight_decay_bn:g} on "
@@ -272,7 +272,7 @@ def _correction_rule(schedule):
 
 
 def _accumulation(schedule):
-    """The ``show`` lines on gradient accumulation: one when ITER_SIZE > 1, none when it is 1."""
+    """The `show` lines on gradient accumulation: one when ITER_SIZE > 1, none when it is 1."""
     size = schedule.iter_size
     if size == 1:
         return []
@@ -362,13 +362,13 @@ def _parser():
 
 
 def main(argv=None):
-    """Run ``hvd-sched``.
+    """Run `hvd-sched`.
 
     Args:
-        argv: the arguments (default ``sys.argv[1:]``).
+        argv: the arguments (default `sys.argv[1:]`).
 
     Returns:
-        The exit status, ``EXIT_OK`` or ``EXIT_BAD_INPUT`` (argparse itself exits 2 on a usage error).
+        The exit status, `EXIT_OK` or `EXIT_BAD_INPUT` (argparse itself exits 2 on a usage error).
     """
     args = _parser().parse_args(argv)
     try:

@@ -1,39 +1,7 @@
-"""Detectron ``SOLVER`` mappings and YAML files -> validated ``Schedule`` (layer 3: numpy, PyYAML on demand).
+"""Detectron `SOLVER` mappings and YAML files -> validated `Schedule` (layer 3: numpy, PyYAML on demand).
 
-Units are converted here, once. The keys are Detectron's (``detectron/core/config.py``), upper case, with these
-hvd_sched additions:
-
-- ``SCALE_MOMENTUM_MODE``, ``STEP_SIZES``, ``POWER``, ``LR_FACTOR``: see ``Schedule``.
-- ``ITER_SIZE`` (int >= 1, default 1; Caffe's ``iter_size``): micro-batches per iteration. Each iteration, one
-  optimizer update, averages the gradients of ITER_SIZE micro-batches on every rank (Horovod's
-  ``backward_passes_per_step``, Keras 3's ``gradient_accumulation_steps``), so the global batch is ``world_size *
-  ITER_SIZE * per-rank batch``. Every iteration-valued key (MAX_ITER, STEPS, WARM_UP_ITERS, ...) still counts
-  updates, and ``steps_per_epoch`` is updates per epoch (micro-batches per epoch / ITER_SIZE). It is carried into
-  the ``Schedule`` unchanged; only the two rules below count it.
-- Epoch units for Keras users: ``MAX_EPOCHS``, ``STEP_SIZE_EPOCHS``, ``STEPS_EPOCHS``, ``WARM_UP_EPOCHS``,
-  ``STEP_SIZES_EPOCHS``, converted with the ``steps_per_epoch`` argument to ``int(round(epochs *
-  steps_per_epoch))`` iterations (Python's round: halves go to even). Giving a key in both units is an error.
-- Linear scaling (Goyal et al., arXiv:1706.02677; detectron2's ``DefaultTrainer.auto_scale_workers``):
-  ``REFERENCE_WORLD_SIZE`` (0, the default, turns it off) is the world size the config was written for; with
-  the ``world_size`` argument, the scale counts the global batch: ``scale = world_size * ITER_SIZE /
-  REFERENCE_WORLD_SIZE`` (ITER_SIZE 2 on 2 ranks gives exactly the schedule of 4 ranks with ITER_SIZE 1). BASE_LR
-  and the absolute LRS of ``steps_with_lrs`` are multiplied by ``scale``, and the iteration-valued keys given in
-  iterations (MAX_ITER, STEP_SIZE, STEPS, WARM_UP_ITERS, STEP_SIZES, defaults included) become
-  ``int(round(value / scale))``. Epoch-valued keys are not divided: ``steps_per_epoch`` already reflects the
-  global batch.
-- ``WARM_UP_FACTOR: horovod``: Horovod's gradual warmup from ``lr / size`` to ``lr``, with the size counting the
-  micro-batches of an update: ``(REFERENCE_WORLD_SIZE or 1) / (world_size * ITER_SIZE)``, i.e. ``1 / scale``
-  when REFERENCE_WORLD_SIZE is set.
-
-The world size is always an argument, never looked up. Lower-case keys (``get_config()`` dicts) are rejected:
-``Schedule.from_config`` is for those.
-
-Example:
-    >>> schedule = from_detectron({"SOLVER": {"BASE_LR": 0.02, "LR_POLICY": "steps_with_decay",
-    ...                                       "STEPS_EPOCHS": [0, 8, 11], "MAX_EPOCHS": 12}},
-    ...                           steps_per_epoch=1000)
-    >>> schedule.boundaries()
-    [0, 500, 8000, 11000, 12000]
+Units are converted here, once. The keys, hvd_sched's additions to them and the rules that convert them
+are documented in `from_detectron`.
 """
 
 import ast
@@ -66,23 +34,28 @@ _POSITIVE_EPOCH_KEYS = ("MAX_EPOCHS", "STEP_SIZE_EPOCHS", "STEP_SIZES_EPOCHS")
 
 
 def load_solver(path):
-    """Read the SOLVER mapping of a Detectron YAML config (``yaml.safe_load``; other sections ignored).
+    """Read the SOLVER mapping of a Detectron YAML config (`yaml.safe_load`; other sections ignored).
 
-    A file with a top-level ``SOLVER`` key yields that section. A file without one is read as a bare SOLVER
-    mapping, unless it has other sections (``MODEL:``, ``TRAIN:``, ...): then, as Detectron's merge would, no
-    SOLVER key is set and every default applies (a ``UserWarning`` says so). String values are decoded with ``ast.literal_eval`` where that succeeds, as Detectron's
-    ``_decode_cfg_value`` does (so ``BASE_LR: 1e-3``, a string in YAML 1.1, is the number 0.001).
+    A file with a top-level `SOLVER` key yields that section. A file without one is read as a bare SOLVER
+    mapping, unless it has other sections (`MODEL:`, `TRAIN:`, ...): then, as Detectron's merge would, no
+    SOLVER key is set and every default applies (a `UserWarning` says so). String values are decoded with
+    `ast.literal_eval` where that succeeds, as Detectron's `_decode_cfg_value` does (so `BASE_LR: 1e-3`, a
+    string in YAML 1.1, is the number 0.001).
 
     Args:
-        path: a ``str`` or ``os.PathLike``.
+        path: a `str` or `os.PathLike`.
 
     Returns:
-        A new dict of SOLVER keys (validated by ``from_detectron``, not here).
+        A new dict of SOLVER keys (validated by `from_detectron`, not here).
 
     Raises:
         FileNotFoundError: if the file does not exist (the message names it).
         ValueError: for a directory, malformed YAML (file, line and column named), YAML that PyYAML cannot load
             (an int of more than 4300 digits, nesting too deep; the file named) or a document that is not a mapping.
+
+    Examples:
+        >>> load_solver("examples/configs/e2e_faster_rcnn_R-50-FPN_1x.yaml")["STEPS"]
+        [0, 60000, 80000]
     """
     import yaml  # PyYAML is needed only to read files.
 
@@ -121,23 +94,34 @@ def load_solver(path):
 
 
 def snapshot_period(path):
-    """Detectron's checkpoint period of a YAML config, in iterations: ``int(TRAIN.SNAPSHOT_ITERS / NUM_GPUS)``.
+    """Detectron's checkpoint period of a YAML config, in iterations: `int(TRAIN.SNAPSHOT_ITERS / NUM_GPUS)`.
 
-    Detectron's ``tools/train_net.py`` (``detectron/utils/train.py``) saves every ``CHECKPOINT_PERIOD =
-    int(cfg.TRAIN.SNAPSHOT_ITERS / cfg.NUM_GPUS)`` iterations (its NUM_GPUS default is 1); the same period is
-    returned here, for ``hvd_sched.keras.TrainingCheckpoint(period=...)``. detectron2's
-    ``SOLVER.CHECKPOINT_PERIOD`` is not a Detectron SOLVER key: write ``TRAIN: {SNAPSHOT_ITERS: N}`` instead.
+    Detectron's `tools/train_net.py` (`detectron/utils/train.py`) saves every `CHECKPOINT_PERIOD =
+    int(cfg.TRAIN.SNAPSHOT_ITERS / cfg.NUM_GPUS)` iterations (its NUM_GPUS default is 1); the same period is
+    returned here, for `hvd_sched.keras.TrainingCheckpoint(period=...)`. detectron2's
+    `SOLVER.CHECKPOINT_PERIOD` is not a Detectron SOLVER key: write `TRAIN: {SNAPSHOT_ITERS: N}` instead.
 
     Args:
-        path: a Detectron YAML file (``str`` or ``os.PathLike``).
+        path: a Detectron YAML file (`str` or `os.PathLike`).
 
     Returns:
-        The period (an int >= 1), or None where the file sets no ``TRAIN.SNAPSHOT_ITERS`` (then checkpoints are
+        The period (an int >= 1), or None where the file sets no `TRAIN.SNAPSHOT_ITERS` (then checkpoints are
         written at epoch ends, and at a stop signal, only).
 
     Raises:
         ValueError: SNAPSHOT_ITERS or NUM_GPUS is not an int >= 1, or their quotient is below 1 (values named);
-            the file cannot be read as ``load_solver`` says.
+            the file cannot be read as `load_solver` says.
+
+    Examples:
+        >>> print(snapshot_period("examples/configs/e2e_faster_rcnn_R-50-FPN_1x.yaml"))   # no TRAIN.SNAPSHOT_ITERS
+        None
+        >>> import pathlib, tempfile
+        >>> folder = tempfile.TemporaryDirectory()
+        >>> config = pathlib.Path(folder.name) / "solver.yaml"
+        >>> _ = config.write_text("NUM_GPUS: 8\\nTRAIN: {SNAPSHOT_ITERS: 20000}\\nSOLVER: {BASE_LR: 0.02}\\n")
+        >>> snapshot_period(config)
+        2500
+        >>> folder.cleanup()
     """
     import yaml
 
@@ -158,10 +142,10 @@ def snapshot_period(path):
 
 
 def _decode(value):
-    """Detectron's ``_decode_cfg_value``: a string that is a Python literal becomes its value, any other stays.
+    """Detectron's `_decode_cfg_value`: a string that is a Python literal becomes its value, any other stays.
 
     Besides Detectron's ValueError and SyntaxError, literal_eval raises TypeError for an unhashable set member or
-    dict key (``{[]: 1}``) and RecursionError (or MemoryError) for a deeply nested one; those strings stay too, so
+    dict key (`{[]: 1}`) and RecursionError (or MemoryError) for a deeply nested one; those strings stay too, so
     the key's own check rejects them, naming the key.
     """
     if not isinstance(value, str):
@@ -232,7 +216,7 @@ def _convert_epochs(section, steps_per_epoch, notes):
 
 
 def _to_iterations(epoch_key, epochs, steps_per_epoch):
-    """``int(round(epochs * steps_per_epoch))``, once the product is known to be at most 2**53 iterations."""
+    """`int(round(epochs * steps_per_epoch))`, once the product is known to be at most 2**53 iterations."""
     iterations = epochs * steps_per_epoch
     if not iterations <= MAX_INT:  # also inf, which int(round()) would raise OverflowError for
         raise ValueError(f"{epoch_key} * steps_per_epoch must be <= {MAX_INT} iterations, got {epochs!r} * "
@@ -241,8 +225,8 @@ def _to_iterations(epoch_key, epochs, steps_per_epoch):
 
 
 def _scale_linearly(section, world_size, iter_size, from_epochs, notes):
-    """Goyal et al.'s rule on the private copy ``section``, by ``world_size * iter_size / REFERENCE_WORLD_SIZE``
-    (the global batch counts every micro-batch of an update); returns ``(scale, REFERENCE_WORLD_SIZE)``."""
+    """Goyal et al.'s rule on the private copy `section`, by `world_size * iter_size / REFERENCE_WORLD_SIZE`
+    (the global batch counts every micro-batch of an update); returns `(scale, REFERENCE_WORLD_SIZE)`."""
     reference = integer("reference_world_size", section.pop("REFERENCE_WORLD_SIZE", 0), low=0)
     if reference == 0:
         return 1.0, 0
@@ -275,31 +259,81 @@ def _scale_linearly(section, world_size, iter_size, from_epochs, notes):
 
 
 def from_detectron(solver, *, steps_per_epoch=None, world_size=None, dialect="detectron"):
-    """Build a ``Schedule`` from Detectron's SOLVER keys (or those of another Detectron-family repository).
+    """Build a `Schedule` from Detectron's SOLVER keys (or those of another Detectron-family repository).
+
+    The keys are Detectron's (`detectron/core/config.py`), upper case; a YAML file is read by `load_solver`
+    (other sections ignored; a YAML with no `SOLVER` section uses the defaults, and a `UserWarning` says so).
+    hvd_sched adds these keys, in the `'detectron'` dialect only:
+
+    - `SCALE_MOMENTUM_MODE`, `STEP_SIZES`, `POWER`, `LR_FACTOR`: see `Schedule`.
+    - `ITER_SIZE` (int >= 1, default 1; Caffe's `iter_size`): micro-batches per iteration. Each iteration, one
+      optimizer update, averages the gradients of ITER_SIZE micro-batches on every rank (Horovod's
+      `backward_passes_per_step`, Keras 3's `gradient_accumulation_steps`), so the global batch is `world_size *
+      ITER_SIZE * per-rank batch`. Every iteration-valued key (MAX_ITER, STEPS, WARM_UP_ITERS, ...) still counts
+      updates, and `steps_per_epoch` is updates per epoch (micro-batches per epoch / ITER_SIZE). It is carried into
+      the `Schedule` unchanged; only the two rules below count it.
+    - Epoch units for Keras users: `MAX_EPOCHS`, `STEP_SIZE_EPOCHS`, `STEPS_EPOCHS`, `WARM_UP_EPOCHS`,
+      `STEP_SIZES_EPOCHS`, converted with the `steps_per_epoch` argument to `int(round(epochs *
+      steps_per_epoch))` iterations (Python's round: halves go to even). Giving a key in both units is an error.
+    - Linear scaling (Goyal et al., arXiv:1706.02677; detectron2's `DefaultTrainer.auto_scale_workers`):
+      `REFERENCE_WORLD_SIZE` (0, the default, turns it off) is the world size the config was written for; with
+      the `world_size` argument, the scale counts the global batch: `scale = world_size * ITER_SIZE /
+      REFERENCE_WORLD_SIZE` (ITER_SIZE 2 on 2 ranks gives exactly the schedule of 4 ranks with ITER_SIZE 1). BASE_LR
+      and the absolute LRS of `steps_with_lrs` are multiplied by `scale`, and the iteration-valued keys given in
+      iterations (MAX_ITER, STEP_SIZE, STEPS, WARM_UP_ITERS, STEP_SIZES, defaults included) become
+      `int(round(value / scale))`. Epoch-valued keys are not divided: `steps_per_epoch` already reflects the
+      global batch.
+    - `WARM_UP_FACTOR: horovod`: Horovod's gradual warmup from `lr / size` to `lr`, with the size counting the
+      micro-batches of an update: `(REFERENCE_WORLD_SIZE or 1) / (world_size * ITER_SIZE)`, i.e. `1 / scale`
+      when REFERENCE_WORLD_SIZE is set.
+
+    The world size is always an argument, never looked up. Lower-case keys (`get_config()` dicts) are rejected:
+    `Schedule.from_config` is for those. With `dialect='large_scale_vrd'` or `'video_nonlocal'` the YAMLs of
+    those repositories are read unchanged (their keys, defaults and semantics: docs/dialects.md).
 
     Args:
-        solver: a mapping of upper-case SOLVER keys, a mapping with a ``SOLVER`` section (other sections
+        solver: a mapping of upper-case SOLVER keys, a mapping with a `SOLVER` section (other sections
             ignored), or the path of a Detectron YAML config.
-        steps_per_epoch: iterations (optimizer updates) per epoch (int > 0), required by the ``*_EPOCHS`` keys.
+        steps_per_epoch: iterations (optimizer updates) per epoch (int > 0), required by the `*_EPOCHS` keys.
             With ITER_SIZE > 1 that is the micro-batches per epoch divided by ITER_SIZE.
-        world_size: the number of workers (int > 0), required by ``REFERENCE_WORLD_SIZE > 0`` and
-            ``WARM_UP_FACTOR: horovod``; otherwise unused. Both rules count ``world_size * ITER_SIZE``.
-        dialect: ``'detectron'`` (default), ``'large_scale_vrd'`` or ``'video_nonlocal'``: whose keys, defaults
-            and LR / warmup / correction semantics the config has (``hvd_sched.dialects``, docs/dialects.md).
-            The hvd_sched additions (epoch keys, REFERENCE_WORLD_SIZE, ITER_SIZE, ...) belong to ``'detectron'``.
+        world_size: the number of workers (int > 0), required by `REFERENCE_WORLD_SIZE > 0` and
+            `WARM_UP_FACTOR: horovod`; otherwise unused. Both rules count `world_size * ITER_SIZE`.
+        dialect: `'detectron'` (default), `'large_scale_vrd'` or `'video_nonlocal'`: whose keys, defaults
+            and LR / warmup / correction semantics the config has (`hvd_sched.dialects`, docs/dialects.md).
+            The hvd_sched additions (epoch keys, REFERENCE_WORLD_SIZE, ITER_SIZE, ...) belong to `'detectron'`.
 
     Returns:
-        A validated ``Schedule`` in iterations.
+        A validated `Schedule` in iterations.
 
     Raises:
-        ValueError: for unknown keys (the closest valid key suggested), invalid values (key and value named),
-            missing ``steps_per_epoch`` / ``world_size``, or a malformed YAML file.
+        ValueError: for unknown keys (the closest valid key suggested; a key of another dialect names that
+            dialect), invalid values (key and value named), missing `steps_per_epoch` / `world_size`, or a
+            malformed YAML file (file and line named).
         TypeError: for values of the wrong type.
         FileNotFoundError: for a missing YAML file.
 
-    Example:
+    Examples:
+        >>> schedule = from_detectron({"SOLVER": {"BASE_LR": 0.02, "LR_POLICY": "steps_with_decay",
+        ...                                       "STEPS_EPOCHS": [0, 8, 11], "MAX_EPOCHS": 12}},
+        ...                           steps_per_epoch=1000)
+        >>> schedule.boundaries()
+        [0, 500, 8000, 11000, 12000]
         >>> from_detectron({"BASE_LR": 0.1, "REFERENCE_WORLD_SIZE": 8, "MAX_ITER": 1000}, world_size=16).lr_at(700)
         0.20000000298023224
+        >>> from_detectron("examples/configs/digits_warmup_steps.yaml", steps_per_epoch=22, world_size=2).base_lr
+        0.1
+        >>> from_detectron({"WARM_UP_FACTOR": 1.5})
+        Traceback (most recent call last):
+        ...
+        ValueError: WARM_UP_FACTOR must be in (0, 1], got 1.5
+        >>> from_detectron({"WARMUP_ITERS": 100})
+        Traceback (most recent call last):
+        ...
+        ValueError: unknown SOLVER key 'WARMUP_ITERS'; did you mean 'WARM_UP_ITERS'?
+        >>> from_detectron({"NUM_ITERATIONS": 10})
+        Traceback (most recent call last):
+        ...
+        ValueError: unknown SOLVER key 'NUM_ITERATIONS' (a Large-Scale-VRD key: pass dialect='large_scale_vrd')
     """
     if not isinstance(dialect, str) or dialect not in dialects.DIALECTS:
         raise ValueError(f"dialect must be one of {list(dialects.DIALECTS)}, got {dialect!r}")
@@ -343,10 +377,10 @@ _WORLD_SIZES = ("world_size", "reference_world_size")
 
 
 def _scaled_lr(base_lr, size, reference, names=_WORLD_SIZES, *, iter_size=1, finite=True):
-    """``base_lr * (size * iter_size / reference)`` with validated arguments (``names``: those of ``size`` and
-    ``reference``; ``iter_size`` is named ITER_SIZE, as the key).
+    """`base_lr * (size * iter_size / reference)` with validated arguments (`names`: those of `size` and
+    `reference`; `iter_size` is named ITER_SIZE, as the key).
 
-    ``finite``: reject a product beyond float64; else return it (inf), for Schedule to reject with the notes.
+    `finite`: reject a product beyond float64; else return it (inf), for Schedule to reject with the notes.
     """
     base_lr = number("base_lr", base_lr, low=0, low_open=True)
     size = integer(names[0], size, low=1, label=names[0])
@@ -362,11 +396,9 @@ def _scaled_lr(base_lr, size, reference, names=_WORLD_SIZES, *, iter_size=1, fin
 
 
 def linear_scaled_lr(base_lr, world_size, reference_world_size=1, *, iter_size=1):
-    """The linear scaling rule (Goyal et al.): ``base_lr * (world_size * iter_size / reference_world_size)``.
+    """The linear scaling rule (Goyal et al.): `base_lr * (world_size * iter_size / reference_world_size)`.
 
-    The operation order of detectron2's ``auto_scale_workers`` (``BASE_LR * scale``). Example: a config for 8
-    workers at 0.02 run on 32 workers gives ``linear_scaled_lr(0.02, 32, 8) == 0.08``, and on 16 workers that
-    accumulate 2 micro-batches per update ``linear_scaled_lr(0.02, 16, 8, iter_size=2) == 0.08`` too.
+    The operation order of detectron2's `auto_scale_workers` (`BASE_LR * scale`).
 
     Args:
         base_lr: the LR the config was written for (> 0).
@@ -374,36 +406,78 @@ def linear_scaled_lr(base_lr, world_size, reference_world_size=1, *, iter_size=1
         reference_world_size: the number of workers the config was written for (int >= 1).
         iter_size: ITER_SIZE, micro-batches per update on each worker (int >= 1; the global batch counts them).
 
+    Returns:
+        The scaled LR, a float.
+
     Raises:
         ValueError: for a base_lr <= 0, world sizes < 1 or > 2**53, an iter_size < 1, or a product beyond float64
             (names it).
         TypeError: for arguments of the wrong type.
+
+    Examples:
+        A config written for 8 workers at 0.02, run on 32 workers, or on 16 workers that accumulate 2
+        micro-batches per update:
+
+        >>> linear_scaled_lr(0.02, 32, 8)
+        0.08
+        >>> linear_scaled_lr(0.02, 16, 8, iter_size=2)
+        0.08
     """
     return _scaled_lr(base_lr, world_size, reference_world_size, iter_size=iter_size)
 
 
 def linear_scaled_lr_for_batch(base_lr, *, global_batch, reference_batch):
-    """The linear scaling rule by batch size: ``base_lr * (global_batch / reference_batch)``.
+    """The linear scaling rule by batch size: `base_lr * (global_batch / reference_batch)`.
 
-    Goyal et al.'s ``lr = 0.1 * batch / 256``: ``linear_scaled_lr_for_batch(0.1, global_batch=8192,
-    reference_batch=256) == 3.2``. ``global_batch`` counts every micro-batch of one update: ``world_size *
-    ITER_SIZE * per-rank batch``. Raises as ``linear_scaled_lr`` does.
+    Args:
+        base_lr: the LR the config was written for (> 0).
+        global_batch: the global batch of one update (int >= 1), counting every micro-batch: `world_size *
+            ITER_SIZE * per-rank batch`.
+        reference_batch: the global batch the config was written for (int >= 1).
+
+    Returns:
+        The scaled LR, a float.
+
+    Raises:
+        ValueError: for a base_lr <= 0, batches < 1 or > 2**53, or a product beyond float64 (names it).
+        TypeError: for arguments of the wrong type.
+
+    Examples:
+        Goyal et al.'s `lr = 0.1 * batch / 256`:
+
+        >>> linear_scaled_lr_for_batch(0.1, global_batch=8192, reference_batch=256)
+        3.2
     """
     return _scaled_lr(base_lr, global_batch, reference_batch, ("global_batch", "reference_batch"))
 
 
 def gradual_warmup_factor(world_size, reference_world_size=1, *, iter_size=1):
-    """The WARM_UP_FACTOR of Horovod's gradual warmup (``lr / size`` -> ``lr``): ``1 / scale``.
+    """The WARM_UP_FACTOR of Horovod's gradual warmup (`lr / size` -> `lr`): `1 / scale`.
 
-    Horovod's ``LearningRateWarmupCallback`` multiplies the LR by ``1 / size * (epoch * (size - 1) / warmup +
-    1)``, which is the linear warmup ``F * (1 - alpha) + alpha`` with ``F = 1 / size``. With a reference world
-    size, ``F = reference_world_size / world_size`` (a factor above 1 is rejected when a Schedule is built). With
-    ``iter_size`` micro-batches per update (ITER_SIZE), the size counts them: ``F = reference_world_size /
-    (world_size * iter_size)``, e.g. ``gradual_warmup_factor(2, iter_size=2) == 0.25``.
+    Horovod's `LearningRateWarmupCallback` multiplies the LR by `1 / size * (epoch * (size - 1) / warmup + 1)`,
+    which is the linear warmup `F * (1 - alpha) + alpha` with `F = 1 / size`: Horovod's warmup "from lr / size".
+    With a reference world size, `F = reference_world_size / world_size` (a factor above 1 is rejected when a
+    Schedule is built). With `iter_size` micro-batches per update (ITER_SIZE), the size counts them:
+    `F = reference_world_size / (world_size * iter_size)`. `WARM_UP_FACTOR: horovod` in a config is this value
+    (`from_detectron`).
+
+    Args:
+        world_size: the number of workers (int >= 1).
+        reference_world_size: the number of workers the config was written for (int >= 1).
+        iter_size: ITER_SIZE, micro-batches per update on each worker (int >= 1).
+
+    Returns:
+        The WARM_UP_FACTOR, a float in (0, 1] where `world_size * iter_size >= reference_world_size`.
 
     Raises:
         ValueError: for world sizes < 1 or > 2**53, or an iter_size < 1 (names it).
         TypeError: for arguments of the wrong type.
+
+    Examples:
+        >>> gradual_warmup_factor(8)
+        0.125
+        >>> gradual_warmup_factor(2, iter_size=2)
+        0.25
     """
     world_size = integer("world_size", world_size, low=1, label="world_size")
     reference_world_size = integer("reference_world_size", reference_world_size, low=1,

@@ -1,24 +1,24 @@
-"""The Detectron-family SOLVER dialects: each repository's keys, defaults and semantics -> ``Schedule`` arguments.
+"""The Detectron-family SOLVER dialects: each repository's keys, defaults and semantics -> `Schedule` arguments.
 
-Data and translation, below ``hvd_sched.config`` (which reads it and never the other way): each dialect's keys
-and defaults, the messages' key names, and ``schedule_arguments``, which turns a SOLVER mapping into ``Schedule``
-arguments. ``from_detectron(..., dialect=NAME)`` reads a YAML of that family unchanged:
+Data and translation, below `hvd_sched.config` (which reads it and never the other way): each dialect's keys
+and defaults, the messages' key names, and `schedule_arguments`, which turns a SOLVER mapping into `Schedule`
+arguments. `from_detectron(..., dialect=NAME)` reads a YAML of that family unchanged:
 
-- ``'detectron'`` (the default): Detectron's ``detectron/core/config.py`` keys plus hvd_sched's additions
-  (``SOLVER_KEYS``, ``EPOCH_KEYS``; their units and linear scaling are converted by ``hvd_sched.config``). The
+- `'detectron'` (the default): Detectron's `detectron/core/config.py` keys plus hvd_sched's additions
+  (`SOLVER_KEYS`, `EPOCH_KEYS`; their units and linear scaling are converted by `hvd_sched.config`). The
   additions (REFERENCE_WORLD_SIZE, ITER_SIZE, the epoch keys, ...) belong to this dialect only: the others
-  reject them, naming ``dialect='detectron'``.
-- ``'large_scale_vrd'``: facebookresearch/Large-Scale-VRD (``lib/core/config_rel.py``; its training loop,
-  ``tools/train_net_rel.py``, only ever calls ``add_variable_stepsize_lr(curr_iter + 1)``): NUM_ITERATIONS,
-  STEP_SIZES stages, an absolute WARM_UP_LR while ``i <= WARM_UP_ITERS``, an optional GRADUAL_INCREASE_LR ramp,
+  reject them, naming `dialect='detectron'`.
+- `'large_scale_vrd'`: facebookresearch/Large-Scale-VRD (`lib/core/config_rel.py`; its training loop,
+  `tools/train_net_rel.py`, only ever calls `add_variable_stepsize_lr(curr_iter + 1)`): NUM_ITERATIONS,
+  STEP_SIZES stages, an absolute WARM_UP_LR while `i <= WARM_UP_ITERS`, an optional GRADUAL_INCREASE_LR ramp,
   SCALE_MOMENTUM defaulting to False and, when on, a correction at every change of the unrounded LR.
-- ``'video_nonlocal'``: facebookresearch/video-nonlocal-net (``lib/core/config.py``, ``lib/utils/lr_policy.py``):
-  STEPS derived from STEP_SIZES, a nested ``WARMUP:`` section (a linear ramp to the policy LR at
+- `'video_nonlocal'`: facebookresearch/video-nonlocal-net (`lib/core/config.py`, `lib/utils/lr_policy.py`):
+  STEPS derived from STEP_SIZES, a nested `WARMUP:` section (a linear ramp to the policy LR at
   WARMUP_END_ITER), NESTEROV on by default, SCALE_MOMENTUM False by default and, when on, a correction when
-  ``abs(new - cur) > abs(1e-7 * new)``.
+  `abs(new - cur) > abs(1e-7 * new)`.
 
-The full spec, with file and line references, is ``docs/dialects.md``. Keys a repository accepts but whose
-value its training never reads are accepted and listed in ``NO_EFFECT`` (the reason is given there).
+The full spec, with file and line references, is `docs/dialects.md`. Keys a repository accepts but whose
+value its training never reads are accepted and listed in `NO_EFFECT` (the reason is given there).
 """
 
 import inspect
@@ -30,11 +30,11 @@ from .schedules import Schedule
 __all__ = ["DIALECTS", "LABELS", "SOLVER_KEYS", "EPOCH_KEYS", "DEFAULTS", "NO_EFFECT", "foreign_key_hint", "rename",
            "schedule_arguments"]
 
-#: The dialect names ``from_detectron`` accepts.
 DIALECTS = ("detectron", "large_scale_vrd", "video_nonlocal")
+"""The dialect names `from_detectron` accepts."""
 
-#: Each dialect's repository, for messages.
 LABELS = {"detectron": "Detectron", "large_scale_vrd": "Large-Scale-VRD", "video_nonlocal": "video-nonlocal-net"}
+"""Each dialect's repository, for messages."""
 
 # Schedule arguments that only the other dialects set; not Detectron SOLVER keys.
 _DIALECT_ARGUMENTS = ("dialect", "warm_up_lr", "gradual_increase_lr", "gradual_lr_step", "gradual_lr_start",
@@ -50,13 +50,11 @@ def _detectron_defaults():
     }
 
 
-#: Every Detectron SOLVER key in iterations, upper case, with its default (Detectron's, then hvd_sched's additions,
-#: among them ITER_SIZE 1, Caffe's ``iter_size``: micro-batches per iteration, and REFERENCE_WORLD_SIZE 0);
-#: ``hvd_sched.SOLVER_KEYS``. ``Schedule``'s signature is the one source of the defaults.
 SOLVER_KEYS = {**_detectron_defaults(), "REFERENCE_WORLD_SIZE": 0}
+"""Every Detectron SOLVER key in iterations, upper case, with its default: Detectron's, then hvd_sched's additions,
+among them ITER_SIZE 1 (Caffe's `iter_size`: micro-batches per iteration) and REFERENCE_WORLD_SIZE 0 (their
+meaning: `from_detectron`). `Schedule`'s signature is the one source of the defaults."""
 
-#: Epoch-valued keys (hvd_sched's, Detectron dialect) and the iteration key each one is converted to;
-#: ``hvd_sched.EPOCH_KEYS``.
 EPOCH_KEYS = {
     "MAX_EPOCHS": "MAX_ITER",
     "STEP_SIZE_EPOCHS": "STEP_SIZE",
@@ -64,8 +62,10 @@ EPOCH_KEYS = {
     "WARM_UP_EPOCHS": "WARM_UP_ITERS",
     "STEP_SIZES_EPOCHS": "STEP_SIZES",
 }
+"""The epoch-valued keys (hvd_sched's, Detectron dialect) and the iteration key each one is converted to, with
+`from_detectron`'s `steps_per_epoch`."""
 
-#: The SOLVER keys and defaults of the two other dialects (Detectron's are ``SOLVER_KEYS``).
+#: The SOLVER keys and defaults of the two other dialects (Detectron's are `SOLVER_KEYS`).
 DEFAULTS = {
     "large_scale_vrd": {
         "NESTEROV": True, "BASE_LR": 0.1, "LR_FACTOR": 1.0, "STEP_SIZES": [150150, 150150, 150150],
@@ -105,7 +105,7 @@ _WARMUP_KEYS = ("WARMUP_ON", "WARMUP_START_LR", "WARMUP_END_ITER")
 
 
 def foreign_key_hint(key, dialect):
-    """`` (a Large-Scale-VRD key: pass dialect='large_scale_vrd')`` for a key another dialect has, else ''."""
+    """` (a Large-Scale-VRD key: pass dialect='large_scale_vrd')` for a key another dialect has, else ''."""
     owners = [name for name in DIALECTS if name != dialect and name in DEFAULTS and key in DEFAULTS[name]]
     if dialect != "detectron" and key in SOLVER_KEYS:
         owners.insert(0, "detectron")
@@ -145,17 +145,17 @@ def _check_known(section, dialect, close_matches):
 
 
 def schedule_arguments(section, dialect, close_matches=close_match_hint):
-    """``(Schedule keyword arguments, notes)`` for a SOLVER mapping of the ``'large_scale_vrd'`` or
-    ``'video_nonlocal'`` dialect, merged over that repository's defaults.
+    """`(Schedule keyword arguments, notes)` for a SOLVER mapping of the `'large_scale_vrd'` or
+    `'video_nonlocal'` dialect, merged over that repository's defaults.
 
     Only what the translation itself reads is checked here (the flags, STEP_SIZES, the warmup length, and the keys
-    ``Schedule`` never sees, such as LR_TYPE); ``Schedule`` validates the rest, and ``rename`` puts its message in
+    `Schedule` never sees, such as LR_TYPE); `Schedule` validates the rest, and `rename` puts its message in
     the dialect's key names.
 
     Args:
         section: the SOLVER mapping (upper-case keys).
-        dialect: ``'large_scale_vrd'`` or ``'video_nonlocal'``.
-        close_matches: ``(key, valid keys) -> hint`` for an unknown key (default: the closest valid key).
+        dialect: `'large_scale_vrd'` or `'video_nonlocal'`.
+        close_matches: `(key, valid keys) -> hint` for an unknown key (default: the closest valid key).
 
     Raises:
         ValueError / TypeError: an unknown key (naming the dialect that has it), a value of the wrong type.

@@ -1,17 +1,19 @@
 """A PNG of a schedule's learning rate (layer 5: matplotlib's Agg renderer, no display, no TensorFlow).
 
-Imported only by ``hvd-sched plot`` (and users who want the picture), so ``import hvd_sched`` never pulls in
-matplotlib. The curve comes from ``Schedule.lr_at`` (vectorised), the shaded span from ``WARM_UP_ITERS`` and the
-marks from ``Schedule.momentum_corrections``: the picture draws the schedule, it computes nothing of its own.
+Imported only by `hvd-sched plot` (and users who want the picture), so `import hvd_sched` never pulls in
+matplotlib. The curve comes from `Schedule.lr_at` (vectorised), the shaded span from `WARM_UP_ITERS` and the
+marks from `Schedule.momentum_corrections`: the picture draws the schedule, it computes nothing of its own.
 
 The marked corrections and the warmup span are also written into the PNG as text chunks
-(``hvd_sched:corrections``, ``hvd_sched:warmup``, ``hvd_sched:schedule``, JSON), so a test or a script can read
+(`hvd_sched:corrections`, `hvd_sched:warmup`, `hvd_sched:schedule`, JSON), so a test or a script can read
 back exactly what was drawn.
 
-Example:
-    >>> import hvd_sched, hvd_sched.plot
+Examples:
+    >>> import pathlib, tempfile, hvd_sched, hvd_sched.plot
     >>> schedule = hvd_sched.from_detectron("examples/configs/e2e_faster_rcnn_R-50-FPN_1x.yaml")
-    >>> info = hvd_sched.plot.plot_schedule(schedule, "lr.png", log_scale=True)
+    >>> folder = tempfile.TemporaryDirectory()   # your own run: "lr.png"
+    >>> info = hvd_sched.plot.plot_schedule(schedule, pathlib.Path(folder.name) / "lr.png", log_scale=True)
+    >>> folder.cleanup()
     >>> info["corrections"]
     [(60000, 0.10000000894069672), (80000, 0.09999999403953552)]
 """
@@ -24,54 +26,54 @@ from ._version import __version__
 
 __all__ = ["plot_end", "lr_curve", "correction_marks", "plot_schedule", "METADATA_KEYS"]
 
-#: The PNG text chunks ``plot_schedule`` writes (values are JSON).
+#: The PNG text chunks `plot_schedule` writes (values are JSON).
 METADATA_KEYS = ("hvd_sched:corrections", "hvd_sched:warmup", "hvd_sched:schedule")
 
 _MAX_POINTS = 4096  # a smooth curve at any size; every boundary and correction is added exactly
 _MAX_ANNOTATED = 12  # past this many corrections the factors are not written next to the marks
 _MAX_MARKS = 10000  # at most this many corrections are marked (an every-change rule can make millions)
-_MAX_EDGES = 10000  # at most this many phase boundaries are drawn exactly (``step`` with a tiny STEP_SIZE)
+_MAX_EDGES = 10000  # at most this many phase boundaries are drawn exactly (`step` with a tiny STEP_SIZE)
 
 
 def plot_end(schedule):
     """The last iteration drawn: MAX_ITER, or the last LR change if that comes later.
 
     Args:
-        schedule: an ``hvd_sched.Schedule``.
+        schedule: an `hvd_sched.Schedule`.
 
     Returns:
-        ``max(schedule.max_iter, schedule.hold_iter)``.
+        `max(schedule.max_iter, schedule.hold_iter)`.
     """
     return max(schedule.max_iter, schedule.hold_iter)
 
 
 def correction_marks(schedule, stop=None):
-    """The ``(iteration, factor)`` pairs the plot marks: ``schedule.momentum_corrections(stop)`` (the first 10000).
+    """The `(iteration, factor)` pairs the plot marks: `schedule.momentum_corrections(stop)` (the first 10000).
 
     Args:
-        schedule: an ``hvd_sched.Schedule``.
-        stop: one past the last iteration considered (default ``plot_end(schedule) + 1``).
+        schedule: an `hvd_sched.Schedule`.
+        stop: one past the last iteration considered (default `plot_end(schedule) + 1`).
 
     Returns:
-        A list of ``(iteration, factor)``, exactly what ``plot_schedule`` marks and writes into the PNG.
+        A list of `(iteration, factor)`, exactly what `plot_schedule` marks and writes into the PNG.
     """
     return schedule.momentum_corrections(plot_end(schedule) + 1 if stop is None else stop, limit=_MAX_MARKS)
 
 
 def lr_curve(schedule, stop=None, max_points=_MAX_POINTS):
-    """``(iterations, lrs)``: the LR at evenly spaced iterations in ``[0, stop)`` plus, exactly, every phase
+    """`(iterations, lrs)`: the LR at evenly spaced iterations in `[0, stop)` plus, exactly, every phase
     boundary, every correction and the iteration before each (so every jump is drawn where it happens).
 
     Args:
-        schedule: an ``hvd_sched.Schedule``.
-        stop: one past the last iteration (default ``plot_end(schedule) + 1``).
+        schedule: an `hvd_sched.Schedule`.
+        stop: one past the last iteration (default `plot_end(schedule) + 1`).
         max_points: the number of evenly spaced iterations.
 
     Returns:
-        An int64 array of sorted iterations and the float32 ``schedule.lr_at`` of each.
+        An int64 array of sorted iterations and the float32 `schedule.lr_at` of each.
 
     Raises:
-        ValueError: for ``stop < 1``.
+        ValueError: for `stop < 1`.
     """
     stop = plot_end(schedule) + 1 if stop is None else int(stop)
     if stop < 1:
@@ -87,21 +89,21 @@ def lr_curve(schedule, stop=None, max_points=_MAX_POINTS):
 
 def plot_schedule(schedule, path, *, log_scale=False, width=1000, height=500, dpi=100, title=None,
                   steps_per_epoch=None):
-    """Write a PNG of the LR over ``[0, plot_end(schedule)]``: warmup shaded, each momentum correction marked.
+    """Write a PNG of the LR over `[0, plot_end(schedule)]`: warmup shaded, each momentum correction marked.
 
     Args:
-        schedule: an ``hvd_sched.Schedule``.
+        schedule: an `hvd_sched.Schedule`.
         path: the PNG file to write.
         log_scale: a logarithmic LR axis (steps of 10x become equal steps).
         width: the image width in pixels (>= 100).
         height: the image height in pixels (>= 100).
-        dpi: dots per inch (the image is ``width x height`` pixels whatever the dpi).
+        dpi: dots per inch (the image is `width x height` pixels whatever the dpi).
         title: the plot title (default: the policy and BASE_LR).
         steps_per_epoch: if given, an epoch axis on top.
 
     Returns:
-        ``{"path", "width", "height", "corrections": [(iteration, factor), ...], "warmup": [0, WARM_UP_ITERS] or
-        None}``: what was drawn.
+        `{"path", "width", "height", "corrections": [(iteration, factor), ...], "warmup": [0, WARM_UP_ITERS] or
+        None}`: what was drawn.
 
     Raises:
         ValueError: for a size below 100 pixels or a non-positive dpi.

@@ -1,20 +1,12 @@
-"""``Schedule``: Detectron's solver as one small, stateless, serializable object (layer 1: numpy only).
+"""`Schedule`: Detectron's solver as one small, stateless, serializable object (layer 1: numpy only).
 
-A schedule joins a decay policy (``hvd_sched.policies``), a warmup and a momentum-correction rule
-(``hvd_sched.momentum``); everything is a function of the iteration number, so resuming is free and a million
-iterations evaluate at once. The arguments are Detectron's ``SOLVER`` keys in lower case; ``hvd_sched.from_detectron``
+A schedule joins a decay policy (`hvd_sched.policies`), a warmup and a momentum-correction rule
+(`hvd_sched.momentum`); everything is a function of the iteration number, so resuming is free and a million
+iterations evaluate at once. The arguments are Detectron's `SOLVER` keys in lower case; `hvd_sched.from_detectron`
 builds one from the upper-case keys or a YAML file. An iteration is one optimizer update (Detectron's ITER; with
-``iter_size`` > 1, Caffe's iteration of ITER_SIZE micro-batches), whatever a framework's own counter counts.
+`iter_size` > 1, Caffe's iteration of ITER_SIZE micro-batches), whatever a framework's own counter counts.
 
-Example::
-
-    schedule = Schedule(base_lr=0.02, lr_policy="steps_with_decay", steps=[0, 60000, 80000], max_iter=90000)
-    lrs = schedule.lr_at(np.arange(schedule.hold_iter + 1))   # float32 table, bit-identical to Detectron
-    schedule.momentum_corrections(90000)                     # [(60000, 0.100000009), (80000, 0.099999994)]
-    # Plain Keras, LR only (hvd_sched.keras adds the momentum correction and Horovod):
-    set_lr = tf.keras.callbacks.LambdaCallback(on_train_batch_begin=lambda batch, logs: model.optimizer
-                                               .learning_rate.assign(schedule.lr_at(int(model.optimizer.iterations))))
-    model.fit(x, y, epochs=12, callbacks=[set_lr])
+`Schedule`'s docstring has the formulas, the arguments and the examples.
 """
 
 import inspect
@@ -36,9 +28,9 @@ _FLOAT32_TINY = float(np.finfo(np.float32).tiny)
 
 
 def _as_iterations(it, hold_iter):
-    """``(int64 1-D array, output shape or None for a scalar)``; rejects bools, floats and negatives.
+    """`(int64 1-D array, output shape or None for a scalar)`; rejects bools, floats and negatives.
 
-    Scalars and unsigned arrays are clamped to ``hold_iter`` (exact: the LR is constant from there), so that
+    Scalars and unsigned arrays are clamped to `hold_iter` (exact: the LR is constant from there), so that
     Python ints beyond int64 work too.
     """
     if isinstance(it, (bool, np.bool_)):
@@ -60,51 +52,91 @@ def _as_iterations(it, hold_iter):
 class Schedule:
     """Detectron's SOLVER learning-rate schedule: a policy, a warmup, and the momentum-correction rule.
 
-    ``lr(it) = float32(policy(it) * warmup(it))`` exactly as Detectron's ``get_lr_at_iter``: the policy LR in
-    float64, times the warmup factor while ``it < WARM_UP_ITERS`` (``'constant'``: ``WARM_UP_FACTOR``;
-    ``'linear'``: ``WARM_UP_FACTOR * (1 - alpha) + alpha``, ``alpha = it / WARM_UP_ITERS``), rounded to float32.
-    The policies are documented in ``hvd_sched.policies``; the correction rule in ``hvd_sched.momentum``.
+    The arguments are Detectron's SOLVER keys in lower case (`hvd_sched.from_detectron` reads the upper-case
+    keys or a YAML file). `lr(it) = float32(policy(it) * warmup(it))` exactly as Detectron's `get_lr_at_iter`:
+    the policy LR in float64, then rounded to float32, bit-identical to Detectron's `lr_policy.py`. The
+    policies (`LR_POLICY`, one of `hvd_sched.POLICIES`), with `it` the 0-based iteration:
+
+    | policy | LR |
+    |---|---|
+    | `step` | `BASE_LR * GAMMA ** (it // STEP_SIZE)` |
+    | `steps_with_decay` | `BASE_LR * GAMMA ** k`, `k` the index of the last STEPS entry `<= it` |
+    | `steps_with_lrs` | `LRS[k]` |
+    | `steps_with_relative_lrs` | `LRS[k] * BASE_LR` |
+    | `cosine_decay` | `BASE_LR * 0.5 * (cos(pi * it / MAX_ITER) + 1)` |
+    | `exp_decay` | `BASE_LR * exp(it / MAX_ITER * ln(GAMMA))` |
+    | `poly` | `BASE_LR * (1 - it / MAX_ITER) ** POWER` |
+    | `variable_stepsize` | `BASE_LR * GAMMA ** k`, `k` the number of stage ends (running sums of STEP_SIZES) `<= it` |
+
+    The warmup multiplies the policy LR while `it < WARM_UP_ITERS`: `'constant'` by `WARM_UP_FACTOR`,
+    `'linear'` by `WARM_UP_FACTOR * (1 - alpha) + alpha`, `alpha = it / WARM_UP_ITERS`. Past the end of
+    training the LR holds (`hold_iter`). The momentum-correction rule is `momentum_corrections`'.
+
+    An iteration is one optimizer update (Detectron's ITER; with `iter_size` > 1, Caffe's iteration of ITER_SIZE
+    micro-batches), whatever a framework's own counter counts. Everything is a function of the iteration
+    number, so resuming is free, and `lr_at` is vectorised: 10 million iterations evaluate in 0.19 s
+    (`bench/lr_at_speed.py`). `get_config()` / `from_config()` round-trip every argument, also through JSON.
 
     Args:
         base_lr: BASE_LR, > 0.
-        lr_policy: LR_POLICY, one of ``hvd_sched.policies.POLICIES``.
-        gamma: GAMMA, > 0 (``step``, ``steps_with_decay``, ``exp_decay``, ``variable_stepsize``).
-        step_size: STEP_SIZE, int > 0 (``step``).
-        steps: STEPS, increasing ints starting at 0 (``steps_with_*``; required non-empty there).
-        lrs: LRS, one LR (absolute, or relative to BASE_LR) per STEPS entry (``steps_with_lrs`` / ``_relative_lrs``).
-        max_iter: MAX_ITER, int > 0: the end of ``cosine_decay``, ``exp_decay``, ``poly``; ``step`` holds after it.
+        lr_policy: LR_POLICY, one of `hvd_sched.policies.POLICIES`.
+        gamma: GAMMA, > 0 (`step`, `steps_with_decay`, `exp_decay`, `variable_stepsize`).
+        step_size: STEP_SIZE, int > 0 (`step`).
+        steps: STEPS, increasing ints starting at 0 (`steps_with_*`; required non-empty there).
+        lrs: LRS, one LR (absolute, or relative to BASE_LR) per STEPS entry (`steps_with_lrs` / `_relative_lrs`).
+        max_iter: MAX_ITER, int > 0: the end of `cosine_decay`, `exp_decay`, `poly`; `step` holds after it.
         warm_up_iters: WARM_UP_ITERS, int >= 0 (0: no warmup). Every iteration int (also each STEPS entry and the
             sum of STEP_SIZES) is at most 2**53, so that it is exact as a float64.
         warm_up_factor: WARM_UP_FACTOR in (0, 1].
-        warm_up_method: WARM_UP_METHOD, ``'constant'`` or ``'linear'``.
+        warm_up_method: WARM_UP_METHOD, `'constant'` or `'linear'`.
         scale_momentum: SCALE_MOMENTUM (bool); False turns the correction off.
-        scale_momentum_threshold: SCALE_MOMENTUM_THRESHOLD, >= 1 (``'threshold'`` mode).
-        scale_momentum_mode: SCALE_MOMENTUM_MODE (hvd_sched): ``'threshold'`` (Detectron) or ``'every_change'``.
+        scale_momentum_threshold: SCALE_MOMENTUM_THRESHOLD, >= 1 (`'threshold'` mode).
+        scale_momentum_mode: SCALE_MOMENTUM_MODE (hvd_sched): `'threshold'` (Detectron) or `'every_change'`.
         log_lr_change_threshold: LOG_LR_CHANGE_THRESHOLD, >= 1: the glue logs LR changes whose ratio exceeds it.
         momentum: MOMENTUM in [0, 1], carried for the optimizer.
         weight_decay: WEIGHT_DECAY >= 0, carried for the optimizer.
-        lr_factor: LR_FACTOR > 0 (the seed's), carried for the optimizer glue; ``lr_at`` does not apply it.
-        step_sizes: STEP_SIZES, positive ints: the stage lengths of ``variable_stepsize`` (required there).
-        power: POWER > 0, the exponent of ``poly``.
-        iter_size: ITER_SIZE (hvd_sched; Caffe's ``iter_size``), int >= 1: micro-batches per iteration. Each
+        lr_factor: LR_FACTOR > 0 (the seed's), carried for the optimizer glue; `lr_at` does not apply it.
+        step_sizes: STEP_SIZES, positive ints: the stage lengths of `variable_stepsize` (required there).
+        power: POWER > 0, the exponent of `poly`.
+        weight_decay_gn: WEIGHT_DECAY_GN >= 0, the weight decay of norm-layer scales, carried for the optimizer
+            (`hvd_sched.keras.build_optimizer`).
+        dialect: whose semantics the LR, warmup and correction follow: `'detectron'`, `'large_scale_vrd'` or
+            `'video_nonlocal'` (`from_detectron(..., dialect=...)` sets it and the keys below; docs/dialects.md).
+        warm_up_lr: WARM_UP_LR > 0 (Large-Scale-VRD): the absolute LR while warming up.
+        gradual_increase_lr: GRADUAL_INCREASE_LR (Large-Scale-VRD, bool): the ramp after the warmup.
+        gradual_lr_step: GRADUAL_LR_STEP > 0 (Large-Scale-VRD): the ramp's step.
+        gradual_lr_start: GRADUAL_LR_START > 0 (Large-Scale-VRD): the ramp's first LR.
+        nesterov: NESTEROV (bool), carried for the optimizer.
+        weight_decay_bn: WEIGHT_DECAY_BN >= 0 (video-nonlocal-net), carried for the optimizer.
+        iter_size: ITER_SIZE (hvd_sched; Caffe's `iter_size`), int >= 1: micro-batches per iteration. Each
             iteration, one optimizer update (Detectron's ITER), averages the gradients of ITER_SIZE micro-batches
-            on every rank (Horovod's ``backward_passes_per_step`` with ``average_aggregated_gradients=True``,
-            Keras 3's ``gradient_accumulation_steps``), so the global batch is ``world_size * ITER_SIZE *
-            per-rank batch``. Carried for the optimizer glue, like MOMENTUM: every iteration-valued argument
-            (MAX_ITER, STEPS, WARM_UP_ITERS, ...) counts updates, and ``lr_at`` does not depend on it.
+            on every rank (Horovod's `backward_passes_per_step` with `average_aggregated_gradients=True`,
+            Keras 3's `gradient_accumulation_steps`), so the global batch is `world_size * ITER_SIZE *
+            per-rank batch`. Carried for the optimizer glue, like MOMENTUM: every iteration-valued argument
+            (MAX_ITER, STEPS, WARM_UP_ITERS, ...) counts updates, and `lr_at` does not depend on it.
 
     Raises:
         ValueError: for an invalid value; the message names the key and the value. Also for values valid one by
-            one whose float32 LR overflows to inf, or underflows to 0 (before MAX_ITER for ``cosine_decay`` and
-            ``poly``, which reach 0 there; everywhere for the others), or whose momentum-correction factor is not
+            one whose float32 LR overflows to inf, or underflows to 0 (before MAX_ITER for `cosine_decay` and
+            `poly`, which reach 0 there; everywhere for the others), or whose momentum-correction factor is not
             a finite float32 > 0 (the message names the keys the LR depends on, and the iteration).
         TypeError: for a value of the wrong type (bool is not a number).
 
-    Example:
+    Examples:
         >>> s = Schedule(base_lr=0.02, lr_policy="steps_with_decay", steps=[0, 60, 80], max_iter=90,
         ...              warm_up_iters=0)
         >>> s.lr_at(70), s.hold_iter, s.momentum_corrections(90)
         (0.0020000000949949026, 80, [(60, 0.10000000894069672), (80, 0.09999999403953552)])
+        >>> s.lr_at(np.array([0, 60, 10**9]))
+        array([0.02  , 0.002 , 0.0002], dtype=float32)
+
+        Plain Keras, LR only (`hvd_sched.keras.ScheduledOptimizer` adds the momentum correction and Horovod):
+
+        ```python
+        set_lr = tf.keras.callbacks.LambdaCallback(on_train_batch_begin=lambda batch, logs: model.optimizer
+                                                   .learning_rate.assign(s.lr_at(int(model.optimizer.iterations))))
+        model.fit(x, y, epochs=12, callbacks=[set_lr])
+        ```
     """
 
     def __init__(self, base_lr=0.001, lr_policy="step", gamma=0.1, step_size=30000, steps=(), lrs=(),
@@ -201,8 +233,8 @@ class Schedule:
         monotone and log-concave (cosine, exp, poly), and the warmup factor constant or linear, so log(LR) is
         concave there: the smallest LR of a phase is at its first or last iteration, the largest policy LR too (it
         is monotone), and the ratio LR(it) / LR(it - 1) is extreme at its first or last two iterations. For
-        ``step``, whose decays all last STEP_SIZE iterations, the same concavity in the decay count leaves the
-        first and last decays and those around WARM_UP_ITERS. Returns a sorted list in ``[0, hold_iter]``.
+        `step`, whose decays all last STEP_SIZE iterations, the same concavity in the decay count leaves the
+        first and last decays and those around WARM_UP_ITERS. Returns a sorted list in `[0, hold_iter]`.
         """
         hold_iter = self.hold_iter
         starts = {0, self._max_iter, hold_iter, *self._warmup.starts(),
@@ -210,7 +242,7 @@ class Schedule:
         return sorted({it for start in starts for it in range(start - 2, start + 2) if 0 <= it <= hold_iter})
 
     def _lr_keys(self, it):
-        """``KEY=value, ...`` of the keys the LR at ``it`` depends on (the warmup keys only while warming up)."""
+        """`KEY=value, ...` of the keys the LR at `it` depends on (the warmup keys only while warming up)."""
         names = ["lr_policy", *self._policy.keys]
         if it < self._warm_up_iters:
             names += list(self._warmup.keys)
@@ -218,11 +250,11 @@ class Schedule:
 
     def _check_float32_lrs(self):
         """Reject a schedule whose float32 LR is not finite, or is 0 where it must be > 0 (everywhere, except at
-        and after MAX_ITER for ``cosine_decay`` and ``poly``, which are exactly 0 there by Detectron's formula), or
-        whose momentum correction factor ``new / cur`` is not a finite float32 > 0.
+        and after MAX_ITER for `cosine_decay` and `poly`, which are exactly 0 there by Detectron's formula), or
+        whose momentum correction factor `new / cur` is not a finite float32 > 0.
 
         The LR is at most the policy LR (the warmup factor is <= 1), so checking the policy LR, and the LR, at the
-        ``_critical_iterations`` covers every iteration: a handful of evaluations, not a table.
+        `_critical_iterations` covers every iteration: a handful of evaluations, not a table.
         """
         its = np.array(self._critical_iterations(), dtype=np.int64)
         with np.errstate(all="ignore"):
@@ -267,13 +299,14 @@ class Schedule:
         return self._warmup.lr64(its, self._policy.lr(its))
 
     def lr_at(self, it):
-        """The learning rate at 0-based iteration ``it``, as Detectron's ``get_lr_at_iter(it)``.
+        """The learning rate at 0-based iteration `it`, as Detectron's `get_lr_at_iter(it)`.
 
         Args:
             it: an int, or an integer array (vectorised: no Python loop).
 
         Returns:
-            A Python float (the value of the float32) for an int; a float32 array of ``it``'s shape for an array.
+            A Python float (the value of the float32) for an int; a float32 array of `it`'s shape for an array.
+            Past `hold_iter` the LR holds.
 
         Raises:
             ValueError: for a negative iteration.
@@ -285,12 +318,12 @@ class Schedule:
 
     @property
     def hold_iter(self):
-        """The iteration from which the LR never changes: ``lr_at(it) == lr_at(hold_iter)`` for every ``it >=
-        hold_iter``, so ``lr_at(np.arange(hold_iter + 1))`` is a complete lookup table.
+        """The iteration from which the LR never changes: `lr_at(it) == lr_at(hold_iter)` for every `it >=
+        hold_iter`, so `lr_at(np.arange(hold_iter + 1))` is a complete lookup table.
 
         It is the last phase boundary at which the LR can change: the last multiple of STEP_SIZE up to MAX_ITER
-        (``step``), the last STEPS entry, the last stage end, or MAX_ITER (continuous policies), and WARM_UP_ITERS
-        if later (except for ``cosine_decay`` and ``poly``, which hold 0 past MAX_ITER whatever the warmup). It is
+        (`step`), the last STEPS entry, the last stage end, or MAX_ITER (continuous policies), and WARM_UP_ITERS
+        if later (except for `cosine_decay` and `poly`, which hold 0 past MAX_ITER whatever the warmup). It is
         the smallest such iteration unless the values themselves repeat (GAMMA 1, equal LRS entries).
         """
         held_from = self._policy.held_from()
@@ -305,34 +338,34 @@ class Schedule:
 
     @property
     def correction_mode(self):
-        """``'off'`` if not SCALE_MOMENTUM, else SCALE_MOMENTUM_MODE (``'threshold'`` or ``'every_change'``)."""
+        """`'off'` if not SCALE_MOMENTUM, else SCALE_MOMENTUM_MODE (`'threshold'` or `'every_change'`)."""
         return self._scale_momentum_mode if self._scale_momentum else "off"
 
     def momentum_corrections(self, stop, start=0, *, mode=None, threshold=None, limit=None):
-        """Where the momentum-correction rule rescales the momentum buffers in ``start..stop-1``.
+        """Where the momentum-correction rule rescales the momentum buffers in `start..stop-1`.
 
         The result is that of a walk of every iteration, found from the pieces without one
-        (``hvd_sched.segments.find_corrections``): the cost grows with the pieces and the corrections.
+        (`hvd_sched.segments.find_corrections`): the cost grows with the pieces and the corrections.
 
-        As Detectron's training loop (``UpdateWorkspaceLr`` / ``_SetNewLr``): at each iteration ``cur`` is the LR
-        of the previous iteration (0 before iteration 0, so iteration 0 never corrects) and ``new = lr_at(it)``.
-        For ``start > 0`` (a resumed run) ``cur`` at ``start`` is ``lr_at(start - 1)``, as in an uninterrupted run;
-        Detectron's LR blob restarts at 0 after a resume and so skips a correction due at ``start``, hvd_sched
+        As Detectron's training loop (`UpdateWorkspaceLr` / `_SetNewLr`): at each iteration `cur` is the LR
+        of the previous iteration (0 before iteration 0, so iteration 0 never corrects) and `new = lr_at(it)`.
+        For `start > 0` (a resumed run) `cur` at `start` is `lr_at(start - 1)`, as in an uninterrupted run;
+        Detectron's LR blob restarts at 0 after a resume and so skips a correction due at `start`, hvd_sched
         deliberately does not.
 
         Args:
             stop: one past the last iteration walked (int >= 0), e.g. MAX_ITER.
             start: the first iteration walked (0 <= start <= stop).
-            mode: the correction mode (default ``correction_mode``; ScheduledOptimizer may override it).
+            mode: the correction mode (default `correction_mode`; ScheduledOptimizer may override it).
             threshold: the ratio threshold (default SCALE_MOMENTUM_THRESHOLD).
-            limit: return only the first ``limit`` (an ``every_change`` rule on a long continuous policy
+            limit: return only the first `limit` (an `every_change` rule on a long continuous policy
                 corrects at every float32 LR change: tens of millions of iterations), or None for all.
 
         Returns:
-            A list of ``(iteration, factor)``: ``factor`` is ``new / cur`` in float32, as a Python float.
+            A list of `(iteration, factor)`: `factor` is `new / cur` in float32, as a Python float.
 
         Raises:
-            ValueError: for a negative ``stop`` or ``start`` outside ``[0, stop]``.
+            ValueError: for a negative `stop` or `start` outside `[0, stop]`.
             TypeError: for non-int arguments.
         """
         stop = integer("stop", stop, low=0, high=None, label="stop")
@@ -350,28 +383,42 @@ class Schedule:
         return [(int(it), float(factor)) for it, factor in zip(its.tolist(), factors.tolist())]
 
     def pieces(self):
-        """The schedule as a short list of ``hvd_sched.segments.Piece``: the policy's pieces joined with the
+        """The schedule as a short list of `hvd_sched.segments.Piece`: the policy's pieces joined with the
         warmup. Their number depends on the policy and its lists (STEPS, STEP_SIZES), never on MAX_ITER."""
         if self._pieces is None:
             self._pieces = self._warmup.join(self._policy.pieces())
         return list(self._pieces)
 
     def graph_lr(self, it, tf):
-        """The LR at the scalar int64 tensor ``it`` as TensorFlow ops: ``lr_at`` in-graph, no table.
+        """The LR at the scalar int64 tensor `it` as TensorFlow ops: `lr_at` in-graph, no table.
 
-        The float64 formula of the policy and the warmup with the same operations as ``lr_at``, then float32.
-        ``tf`` is the TensorFlow module (passed in: this layer imports no TensorFlow).
+        The float64 formula of the policy and the warmup with the same operations as `lr_at`, then float32.
+
+        Args:
+            it: a scalar integer tensor, the iteration.
+            tf: the `tensorflow` module (passed in: this layer imports no TensorFlow).
+
+        Returns:
+            A float32 scalar tensor.
         """
         return tf.cast(self.graph_lr64(it, tf), tf.float32)
 
     def graph_lr64(self, it, tf):
-        """``graph_lr`` before its float32 rounding (the ``'any_change'`` rule compares these)."""
+        """`graph_lr` before its float32 rounding (the `'any_change'` rule compares these).
+
+        Args:
+            it: a scalar integer tensor, the iteration.
+            tf: the `tensorflow` module.
+
+        Returns:
+            A float64 scalar tensor.
+        """
         it = tf.cast(it, tf.int64)
         return self._warmup.graph_lr64(it, self._policy.graph_lr(it, tf), tf)
 
     def boundaries(self):
         """Sorted unique iterations where a phase starts or ends: 0, WARM_UP_ITERS (if > 0), each step or stage
-        end of the policy (``step``: the multiples of STEP_SIZE up to MAX_ITER), and MAX_ITER."""
+        end of the policy (`step`: the multiples of STEP_SIZE up to MAX_ITER), and MAX_ITER."""
         points = {0, self._max_iter, *self._policy.boundaries()}
         points.update(start for start in self._warmup.starts() if start > 0)
         return sorted(points)
@@ -379,7 +426,17 @@ class Schedule:
     # ------------------------------------------------------------------ serialization
 
     def get_config(self):
-        """Every constructor argument, JSON-friendly (lists, not tuples); ``from_config`` rebuilds an equal one."""
+        """Every constructor argument, JSON-friendly (lists, not tuples); `from_config` rebuilds an equal one.
+
+        Returns:
+            A new dict of the lower-case keys of `Schedule`'s arguments.
+
+        Examples:
+            >>> import json
+            >>> s = Schedule(base_lr=0.1, lr_policy="cosine_decay", max_iter=1000)
+            >>> Schedule.from_config(json.loads(json.dumps(s.get_config()))) == s
+            True
+        """
         return {
             "base_lr": self._base_lr, "lr_policy": self._lr_policy, "gamma": self._gamma,
             "step_size": self._step_size, "steps": list(self._steps), "lrs": list(self._lrs),
@@ -397,7 +454,14 @@ class Schedule:
 
     @classmethod
     def from_config(cls, config):
-        """``cls(**config)``: the inverse of ``get_config`` (also after a JSON round trip)."""
+        """`cls(**config)`: the inverse of `get_config` (also after a JSON round trip).
+
+        Args:
+            config: a dict of `get_config()` keys (lower case; `from_detectron` reads the upper-case SOLVER keys).
+
+        Returns:
+            A new `Schedule`.
+        """
         return cls(**config)
 
     def __eq__(self, other):

@@ -1,19 +1,19 @@
 """A schedule as a short sequence of segments (layer 1: numpy only; TensorFlow is passed in, never imported).
 
 Each LR policy is one small class here: its keys, its LR in numpy (bit-identical to Detectron, through
-``hvd_sched.policies``) and as TensorFlow ops (``graph_lr(it, tf)``: the float64 formula with the same
+`hvd_sched.policies`) and as TensorFlow ops (`graph_lr(it, tf)`: the float64 formula with the same
 operations in the same order, then the caller rounds to float32), the iteration from which it never changes
-(``hold_iter``), its phase boundaries, and its *pieces*: the intervals where its LR is constant, a staircase,
-or smooth. ``join_warmup`` joins Detectron's warmup onto a policy's pieces (fvcore's
-``CompositeParamScheduler``, detectron2's ``WarmupParamScheduler``, optax's ``join_schedules``), so the
+(`hold_iter`), its phase boundaries, and its *pieces*: the intervals where its LR is constant, a staircase,
+or smooth. `join_warmup` joins Detectron's warmup onto a policy's pieces (fvcore's
+`CompositeParamScheduler`, detectron2's `WarmupParamScheduler`, optax's `join_schedules`), so the
 knowledge of a policy lives in one place and adding one is one class.
 
-Pieces let the momentum-correction rule be found without walking every iteration (``find_corrections``):
+Pieces let the momentum-correction rule be found without walking every iteration (`find_corrections`):
 
-- ``constant``: the LR can change only at the piece's first iteration;
-- ``stairs``: constant between multiples of ``stride`` (``step``): only those multiples can correct;
-- ``smooth``: ``log(LR)`` is concave in the iteration (cosine, exp, poly, and any of them or a constant times
-  a linear warmup: products of log-concave functions), so ``|log(LR(it) / LR(it - 1))|`` over a range is
+- `constant`: the LR can change only at the piece's first iteration;
+- `stairs`: constant between multiples of `stride` (`step`): only those multiples can correct;
+- `smooth`: `log(LR)` is concave in the iteration (cosine, exp, poly, and any of them or a constant times
+  a linear warmup: products of log-concave functions), so `|log(LR(it) / LR(it - 1))|` over a range is
   largest at its ends. A range whose end ratios are below the threshold (with a margin for the float32
   rounding of the LRs) holds no correction and is skipped; what is left is walked exactly, in small chunks.
 
@@ -35,19 +35,19 @@ _LEAF = 2048
 _RATIO_MARGIN = 1e-6
 # A linear warmup over a staircase becomes one smooth piece per stair, up to this many; beyond, one walked piece.
 _MAX_WARMUP_STAIRS = 4096
-# ``step`` gathers its decays from a table up to this many, and uses pow(GAMMA, k) in-graph beyond.
+# `step` gathers its decays from a table up to this many, and uses pow(GAMMA, k) in-graph beyond.
 _MAX_DECAY_TABLE = 4096
 
 
 class Piece:
-    """An interval ``[start, stop)`` of iterations (``stop`` None: to infinity) and how the LR behaves there.
+    """An interval `[start, stop)` of iterations (`stop` None: to infinity) and how the LR behaves there.
 
     Args:
         start: first iteration (int >= 0).
         stop: one past the last iteration, or None.
-        kind: ``'constant'``, ``'stairs'`` (constant between multiples of ``stride``), ``'smooth'``
-            (log-concave) or ``'walk'`` (no structure known: walked).
-        stride: the stair length for ``'stairs'``.
+        kind: `'constant'`, `'stairs'` (constant between multiples of `stride`), `'smooth'`
+            (log-concave) or `'walk'` (no structure known: walked).
+        stride: the stair length for `'stairs'`.
     """
 
     __slots__ = ("start", "stop", "kind", "stride")
@@ -56,7 +56,7 @@ class Piece:
         self.start, self.stop, self.kind, self.stride = int(start), stop, kind, int(stride)
 
     def clipped(self, start, stop):
-        """The same piece restricted to ``[start, stop)`` (``stop`` None: unbounded), or None if empty."""
+        """The same piece restricted to `[start, stop)` (`stop` None: unbounded), or None if empty."""
         lo = max(self.start, start)
         hi = stop if self.stop is None else (self.stop if stop is None else min(self.stop, stop))
         if hi is not None and hi <= lo:
@@ -69,24 +69,24 @@ class Piece:
 
 
 def tf_divide(numerator, denominator, tf):
-    """``numerator / denominator`` (float64, ``denominator`` a nonzero Python number), correctly rounded.
+    """`numerator / denominator` (float64, `denominator` a nonzero Python number), correctly rounded.
 
-    Not ``/``: Grappler rewrites a division by a constant into a multiplication by its reciprocal, which is off
-    by one bit for about one iteration in ten; ``divide_no_nan`` is not rewritten.
+    Not `/`: Grappler rewrites a division by a constant into a multiplication by its reciprocal, which is off
+    by one bit for about one iteration in ten; `divide_no_nan` is not rewritten.
     """
     return tf.math.divide_no_nan(numerator, tf.constant(float(denominator), tf.float64))
 
 
 def _tf_frac(it, max_iter, tf):
-    """Detectron's ``float(cur_iter) / MAX_ITER`` for ``it`` clamped to MAX_ITER, in float64 ops."""
+    """Detectron's `float(cur_iter) / MAX_ITER` for `it` clamped to MAX_ITER, in float64 ops."""
     return tf_divide(tf.cast(tf.minimum(it, np.int64(max_iter)), tf.float64), max_iter, tf)
 
 
 def _tf_index(it, points, tf):
-    """``bisect_right(points, it)``: how many of the sorted int ``points`` are <= ``it``.
+    """`bisect_right(points, it)`: how many of the sorted int `points` are <= `it`.
 
-    A count of ``points <= it`` (three small ops on the scalar step: compare, cast, sum) rather than
-    ``tf.searchsorted``, whose reshapes and slices around the search cost more per step than the search itself
+    A count of `points <= it` (three small ops on the scalar step: compare, cast, sum) rather than
+    `tf.searchsorted`, whose reshapes and slices around the search cost more per step than the search itself
     for the few STEPS a schedule has (the counts are equal for any int list).
     """
     table = tf.constant(np.asarray(points, dtype=np.int64))
@@ -107,15 +107,15 @@ class _Policy:
         self.s = schedule
 
     def lr(self, its):
-        """float64 LR of the policy (no warmup) at the int64 array ``its``: hvd_sched.policies' formula."""
+        """float64 LR of the policy (no warmup) at the int64 array `its`: hvd_sched.policies' formula."""
         raise NotImplementedError
 
     def graph_lr(self, it, tf):
-        """The same as TensorFlow float64 ops on a scalar int64 tensor ``it``."""
+        """The same as TensorFlow float64 ops on a scalar int64 tensor `it`."""
         raise NotImplementedError
 
     def pieces(self):
-        """Pieces covering ``[0, inf)``, in order."""
+        """Pieces covering `[0, inf)`, in order."""
         raise NotImplementedError
 
     def last_change(self):
@@ -123,7 +123,7 @@ class _Policy:
         raise NotImplementedError
 
     def boundaries(self):
-        """The policy's own phase starts in ``[0, MAX_ITER]`` and beyond (each step / stage start)."""
+        """The policy's own phase starts in `[0, MAX_ITER]` and beyond (each step / stage start)."""
         return []
 
     def decays(self):
@@ -132,7 +132,7 @@ class _Policy:
 
     def critical_starts(self, warm_up_iters):
         """Phase starts around which the LR and the ratio of consecutive LRs take their extreme values (see
-        ``Schedule._check_float32_lrs``): the boundaries, for every policy but ``step``."""
+        `Schedule._check_float32_lrs`): the boundaries, for every policy but `step`."""
         return self.boundaries()
 
     def held_from(self):
@@ -141,7 +141,7 @@ class _Policy:
 
 
 class _StepList(_Policy):
-    """``steps_with_decay`` / ``steps_with_lrs`` / ``steps_with_relative_lrs``: one constant per STEPS entry."""
+    """`steps_with_decay` / `steps_with_lrs` / `steps_with_relative_lrs`: one constant per STEPS entry."""
 
     def values(self):
         raise NotImplementedError
@@ -150,7 +150,7 @@ class _StepList(_Policy):
         return np.asarray(self.values(), dtype=np.float64)[policies.step_index(its, self.s.steps)]
 
     def graph_lr(self, it, tf):
-        # STEPS[0] == 0, so the count is >= 1: a leading copy of the first value saves the ``- 1``.
+        # STEPS[0] == 0, so the count is >= 1: a leading copy of the first value saves the `- 1`.
         values = np.asarray(self.values(), dtype=np.float64)
         return _tf_gather(np.concatenate([values[:1], values]), _tf_index(it, self.s.steps, tf), tf)
 
@@ -193,7 +193,7 @@ class StepsWithRelativeLrs(_StepList):
 
 
 class VariableStepsize(_Policy):
-    """``variable_stepsize``: ``BASE_LR * GAMMA ** k``, k the number of stage ends <= it."""
+    """`variable_stepsize`: `BASE_LR * GAMMA ** k`, k the number of stage ends <= it."""
 
     name, keys = "variable_stepsize", ("base_lr", "gamma", "step_sizes")
 
@@ -222,7 +222,7 @@ class VariableStepsize(_Policy):
 
 
 class Step(_Policy):
-    """``step``: ``BASE_LR * GAMMA ** (min(it, MAX_ITER) // STEP_SIZE)``: one staircase piece, whatever its length."""
+    """`step`: `BASE_LR * GAMMA ** (min(it, MAX_ITER) // STEP_SIZE)`: one staircase piece, whatever its length."""
 
     name, keys = "step", ("base_lr", "gamma", "step_size", "max_iter")
 
@@ -262,7 +262,7 @@ class Step(_Policy):
 
 
 class _Continuous(_Policy):
-    """A policy smooth (log-concave) on ``[0, MAX_ITER)`` and held from MAX_ITER on."""
+    """A policy smooth (log-concave) on `[0, MAX_ITER)` and held from MAX_ITER on."""
 
     def pieces(self):
         return [Piece(0, self.s.max_iter, "smooth"), Piece(self.s.max_iter, None, "constant")]
@@ -319,7 +319,7 @@ POLICY_CLASSES = {cls.name: cls for cls in (Step, StepsWithDecay, StepsWithLrs, 
 
 
 def policy_for(schedule):
-    """The policy object of a ``Schedule`` (reads its private validated fields)."""
+    """The policy object of a `Schedule` (reads its private validated fields)."""
     return POLICY_CLASSES[schedule.lr_policy](schedule)
 
 
@@ -328,7 +328,7 @@ def join_warmup(pieces, warm_up_iters, method, held_from=None):
 
     A constant factor keeps each piece's kind; a linear factor (log-concave) makes constant pieces smooth,
     keeps smooth ones smooth, and cuts a staircase into one smooth piece per stair (a walked piece beyond
-    ``_MAX_WARMUP_STAIRS`` stairs). From ``held_from`` on (cosine and poly: 0 from MAX_ITER) the LR is held
+    `_MAX_WARMUP_STAIRS` stairs). From `held_from` on (cosine and poly: 0 from MAX_ITER) the LR is held
     whatever the factor, so those pieces stay as they are.
     """
     if held_from is not None:
@@ -357,20 +357,20 @@ def join_warmup(pieces, warm_up_iters, method, held_from=None):
 
 
 def find_corrections(pieces, lr32, lr64, start, stop, mode, threshold, limit=None):
-    """The iterations in ``[start, stop)`` where the correction rule fires, and the factors, without a full walk.
+    """The iterations in `[start, stop)` where the correction rule fires, and the factors, without a full walk.
 
     Args:
-        pieces: the schedule's pieces (``Schedule.pieces()``), covering ``[0, inf)``.
-        lr32: the schedule's float32 LR of an int64 array (``Schedule.lr_at``).
+        pieces: the schedule's pieces (`Schedule.pieces()`), covering `[0, inf)`.
+        lr32: the schedule's float32 LR of an int64 array (`Schedule.lr_at`).
         lr64: the float64 LR before the float32 rounding (for the bounds only).
         start: first iteration considered (>= 0).
         stop: one past the last.
-        mode: ``'threshold'``, ``'every_change'`` or ``'off'``.
+        mode: `'threshold'`, `'every_change'` or `'off'`.
         threshold: SCALE_MOMENTUM_THRESHOLD.
-        limit: stop once this many are found (the first ``limit`` are returned), or None.
+        limit: stop once this many are found (the first `limit` are returned), or None.
 
     Returns:
-        ``(iterations int64 array, factors float32 array)``, sorted; exactly what a walk of every iteration gives.
+        `(iterations int64 array, factors float32 array)`, sorted; exactly what a walk of every iteration gives.
     """
     found_its, found_factors = [], []
     count = [0]
@@ -412,10 +412,10 @@ def find_corrections(pieces, lr32, lr64, start, stop, mode, threshold, limit=Non
 
 
 def _search(lo, hi, iteration, lr64, walk, mode, threshold, pruned):
-    """Walk the candidates ``iteration(k)`` for ``k`` in ``[lo, hi)``, skipping ranges that cannot correct.
+    """Walk the candidates `iteration(k)` for `k` in `[lo, hi)`, skipping ranges that cannot correct.
 
     Iterative bisection (no recursion limit); ranges are visited in order, so the output stays sorted. Returns
-    True as soon as ``walk`` does (the limit is reached).
+    True as soon as `walk` does (the limit is reached).
     """
     stack = [(lo, hi)]
     while stack:
@@ -434,7 +434,7 @@ def _search(lo, hi, iteration, lr64, walk, mode, threshold, pruned):
 
 
 def _quiet(a, b, iteration, lr64, mode, threshold):
-    """True when no candidate in ``[a, b)`` can correct, from the LR at the two ends of the range.
+    """True when no candidate in `[a, b)` can correct, from the LR at the two ends of the range.
 
     On a log-concave piece the log-ratio of consecutive LRs decreases along the piece, so its absolute value is
     largest at one end of any range, and the LR is monotone over a range whose end log-ratios do not change sign.
@@ -461,7 +461,7 @@ def _quiet(a, b, iteration, lr64, mode, threshold):
 
 
 class _WarmupUntil:
-    """A warmup over ``[0, iters)``: where it ends and the phase start it adds."""
+    """A warmup over `[0, iters)`: where it ends and the phase start it adds."""
 
     iters = 0
 
@@ -473,8 +473,8 @@ class _WarmupUntil:
 
 
 class DetectronWarmup(_WarmupUntil):
-    """Detectron's ``get_lr_at_iter``: the policy LR times ``WARM_UP_FACTOR`` (constant) or ``WARM_UP_FACTOR *
-    (1 - alpha) + alpha``, ``alpha = it / WARM_UP_ITERS`` (linear), while ``it < WARM_UP_ITERS``."""
+    """Detectron's `get_lr_at_iter`: the policy LR times `WARM_UP_FACTOR` (constant) or `WARM_UP_FACTOR *
+    (1 - alpha) + alpha`, `alpha = it / WARM_UP_ITERS` (linear), while `it < WARM_UP_ITERS`."""
 
     keys = ("warm_up_method", "warm_up_factor", "warm_up_iters")
 
@@ -504,7 +504,7 @@ class DetectronWarmup(_WarmupUntil):
 
 
 def _replace(pieces, start, stop, kind):
-    """``pieces`` with ``[start, stop)`` replaced by one piece of ``kind``."""
+    """`pieces` with `[start, stop)` replaced by one piece of `kind`."""
     if stop <= start:
         return list(pieces)
     kept = [part for piece in pieces for part in (piece.clipped(0, start), piece.clipped(stop, None)) if part]
@@ -512,14 +512,14 @@ def _replace(pieces, start, stop, kind):
 
 
 class VrdWarmup:
-    """Large-Scale-VRD's ``check_and_apply_warmup(i, lr)`` on the 1-based ``i = it + 1``; each case replaces the
-    step LR (``model_builder_rel.py``):
+    """Large-Scale-VRD's `check_and_apply_warmup(i, lr)` on the 1-based `i = it + 1`; each case replaces the
+    step LR (`model_builder_rel.py`):
 
-    - ``i <= WARM_UP_ITERS``: the absolute ``WARM_UP_LR``;
-    - else, with GRADUAL_INCREASE_LR and WARM_UP_ITERS > 0, for ``i <= W + n`` (``n = ceil((BASE_LR -
-      WARM_UP_LR) / GRADUAL_LR_STEP)``): ``min(BASE_LR, WARM_UP_LR + GRADUAL_LR_STEP * (i - W))``;
-    - else, with GRADUAL_INCREASE_LR, for ``i <= n`` (``n = ceil((BASE_LR - GRADUAL_LR_START) /
-      GRADUAL_LR_STEP)``): ``min(BASE_LR, GRADUAL_LR_START + GRADUAL_LR_STEP * (i - 1))``.
+    - `i <= WARM_UP_ITERS`: the absolute `WARM_UP_LR`;
+    - else, with GRADUAL_INCREASE_LR and WARM_UP_ITERS > 0, for `i <= W + n` (`n = ceil((BASE_LR -
+      WARM_UP_LR) / GRADUAL_LR_STEP)`): `min(BASE_LR, WARM_UP_LR + GRADUAL_LR_STEP * (i - W))`;
+    - else, with GRADUAL_INCREASE_LR, for `i <= n` (`n = ceil((BASE_LR - GRADUAL_LR_START) /
+      GRADUAL_LR_STEP)`): `min(BASE_LR, GRADUAL_LR_START + GRADUAL_LR_STEP * (i - 1))`.
     """
 
     keys = ("warm_up_iters", "warm_up_lr", "gradual_increase_lr", "gradual_lr_step", "gradual_lr_start")
@@ -543,7 +543,7 @@ class VrdWarmup:
         return [self.iters, self.ramp_from, self.ramp_stop]
 
     def _ramp_offset(self, its):
-        """``i - W`` (after the warmup) or ``i - 1`` (from the start) of the 1-based ``i = it + 1``."""
+        """`i - W` (after the warmup) or `i - 1` (from the start) of the 1-based `i = it + 1`."""
         return its + 1 - (self.iters if self.iters > 0 else 1)
 
     def lr64(self, its, policy_lr64):
@@ -570,10 +570,10 @@ class VrdWarmup:
 
 
 class VnlWarmup(_WarmupUntil):
-    """video-nonlocal-net's ``get_lr_at_iter``: while ``it < WARMUP_END_ITER`` the LR is replaced by
-    ``it * (lr_end - lr_start) / (WARMUP_END_ITER - 1) + lr_start`` with ``lr_start = float32(WARMUP_START_LR)``,
-    ``lr_end = float32(policy LR at WARMUP_END_ITER)``, the difference in float32 and the rest in float64 (NumPy
-    1.x promotes ``int * np.float32`` to float64), then float32 (``lib/utils/lr_policy.py``)."""
+    """video-nonlocal-net's `get_lr_at_iter`: while `it < WARMUP_END_ITER` the LR is replaced by
+    `it * (lr_end - lr_start) / (WARMUP_END_ITER - 1) + lr_start` with `lr_start = float32(WARMUP_START_LR)`,
+    `lr_end = float32(policy LR at WARMUP_END_ITER)`, the difference in float32 and the rest in float64 (NumPy
+    1.x promotes `int * np.float32` to float64), then float32 (`lib/utils/lr_policy.py`)."""
 
     keys = ("warm_up_iters", "warm_up_lr")
 

@@ -19,15 +19,17 @@ The same names on Keras 2 (TensorFlow 2.15's `tf.keras`, tf-keras) and Keras 3 (
 - `LearningRateLogger`, `ScheduleLR(schedule)`, `EpochCheckpoint`, `StopOnNonFinite`,
   `RankConsistencyCheck`, `DistributedCheck`, `ElasticLRScaler` / `elastic_state`.
 
-Example:
-    >>> import hvd_sched, hvd_sched.keras  # first: it checks the stack (on the tf2.21 row: keras -> tf_keras)
-    >>> import tensorflow as tf, horovod.tensorflow.keras as hvd
-    >>> from hvd_sched.keras import DistributedOptimizer, ScheduledOptimizer, horovod_callbacks
-    >>> hvd.init()
-    >>> schedule = hvd_sched.from_detectron("examples/configs/digits_warmup_steps.yaml")
-    >>> opt = DistributedOptimizer(ScheduledOptimizer(tf.keras.optimizers.SGD(momentum=0.9), schedule))
-    >>> model.compile(opt, "sparse_categorical_crossentropy", metrics=["accuracy"], jit_compile=False)
-    >>> model.fit(x, y, epochs=8, callbacks=horovod_callbacks())
+Examples:
+    ```python
+    import hvd_sched, hvd_sched.keras  # first: it checks the stack (on the tf2.21 row: keras -> tf_keras)
+    import tensorflow as tf, horovod.tensorflow.keras as hvd
+    from hvd_sched.keras import DistributedOptimizer, ScheduledOptimizer, horovod_callbacks
+    hvd.init()
+    schedule = hvd_sched.from_detectron("examples/configs/digits_warmup_steps.yaml")
+    opt = DistributedOptimizer(ScheduledOptimizer(tf.keras.optimizers.SGD(momentum=0.9), schedule))
+    model.compile(opt, "sparse_categorical_crossentropy", metrics=["accuracy"], jit_compile=False)
+    model.fit(x, y, epochs=8, callbacks=horovod_callbacks())
+    ```
 """
 
 from hvd_sched import _compat  # noqa: F401  (first: stack check; keras -> tf_keras on TF >= 2.16; before Horovod)

@@ -43,25 +43,41 @@ def size():
 
 
 class LauncherMismatchError(RuntimeError):
-    """The launcher started N processes that Horovod did not join (each would train alone as rank 0)."""
+    """The launcher started N processes that Horovod did not join (each would train alone as rank 0).
+
+    A `RuntimeError` subclass; `check_launcher` raises it, naming the launcher and the sizes.
+    """
 
 
 LauncherMismatchError.__module__ = "hvd_sched.keras"  # its public name, in tracebacks and pickles
 
 
 def check_launcher(require_init=True):
-    """Raise `LauncherMismatchError` where this process's launcher (mpirun, srun, horovodrun, ...) started N > 1
-    processes and Horovod did not join all N (`hvd_sched.launchers.launcher_problem` says which variables count).
+    """Stop this process where its launcher started N > 1 processes and Horovod did not join them.
+
+    Raises `LauncherMismatchError` where the launcher (`mpirun`, `srun`, `horovodrun`, MVAPICH, Hydra, `jsrun`)
+    started N > 1 processes and `hvd.size()` differs, or Horovod is not initialised. The pure rule, which also
+    says which environment variables count: `hvd_sched.launchers.launcher_problem(os.environ, hvd.size())`.
 
     Called by `DistributedOptimizer`, `build_optimizer`, `horovod_callbacks`, `restore_latest` and, at train begin,
-    `DistributedCheck` and `EpochCheckpoint`: whichever runs first stops the job on every process, before the
-    first step and before any checkpoint is written. Cheap (a few environment reads): call it right after
-    `hvd.init()` to fail at once.
+    `DistributedCheck` and `TrainingCheckpoint` (and `EpochCheckpoint`): whichever runs first stops the job on
+    every process, before the first step and before any checkpoint is written. Cheap (a few environment reads):
+    call it right after `hvd.init()` to fail at once.
+
+    Examples:
+        ```python
+        import horovod.tensorflow.keras as hvd, hvd_sched.keras
+        hvd.init()
+        hvd_sched.keras.check_launcher()   # LauncherMismatchError if mpirun -np 4 started 4 lone rank 0s
+        ```
 
     Args:
         require_init: where Horovod is not initialised yet, raise too (True: at train begin, or a user's call
             after `hvd.init()`), or check nothing (False: an optimizer or callbacks may be built before
             `hvd.init()`; the train-begin checks then decide).
+
+    Raises:
+        LauncherMismatchError: the launcher's process count and Horovod's disagree (the message says which).
     """
     try:
         import horovod.tensorflow as hvd

@@ -29,6 +29,8 @@ from . import _horovod, _keras_api
 __all__ = list(_keras_api.NAMES)
 
 KERAS_MAJOR = 3
+"""The major version of the Keras that `tf.keras` is on this stack: 2 or 3 (`hvd_sched.keras` picks its
+Keras 2 or Keras 3 internals by it, once, at import; the public names are the same on both)."""
 LearningRateSchedule = keras.optimizers.schedules.LearningRateSchedule
 _OPTIMIZER = keras.optimizers.Optimizer
 _SGD = keras.optimizers.SGD

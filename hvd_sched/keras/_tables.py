@@ -35,7 +35,7 @@ def graph_lr(schedule, step):
 
 
 #: A schedule with at most this many corrections gets them as a graph constant (a lookup per step); more (an
-#: ``every_change`` rule on a long continuous policy corrects at every float32 LR change), the rule in-graph.
+#: `every_change` rule on a long continuous policy corrects at every float32 LR change), the rule in-graph.
 MAX_CORRECTION_TABLE = 65536
 #: Up to this many, the lookup compares the step with every correction iteration (3 ops on a short vector);
 #: beyond, a binary search.
@@ -43,9 +43,9 @@ _MAX_COMPARED = 64
 
 
 def correction_table(schedule, mode, threshold, limit=MAX_CORRECTION_TABLE):
-    """``(iterations int64, factors float32)`` of every correction of the rule, or None if more than ``limit``.
+    """`(iterations int64, factors float32)` of every correction of the rule, or None if more than `limit`.
 
-    ``Schedule.momentum_corrections`` over ``[0, hold_iter]`` (none later: the LR is held), found from the
+    `Schedule.momentum_corrections` over `[0, hold_iter]` (none later: the LR is held), found from the
     schedule's pieces: the cost grows with the pieces and the corrections, not with MAX_ITER.
     """
     if mode == "off":

@@ -19,8 +19,15 @@ _RESUMED = weakref.WeakKeyDictionary()
 def iteration_count(optimizer):
     """The iteration of `optimizer` (as compiled: distributed, loss-scaled or not): the updates it has made.
 
-    Under gradient accumulation Keras 2's `optimizer.iterations` counts micro-batches (Horovod's helper advances
-    it on each) and Keras 3's counts updates; this is micro-batches // micro-batches per update on both.
+    Detectron's iteration: one optimizer update. Under gradient accumulation Keras 2's `optimizer.iterations`
+    counts micro-batches (Horovod's helper advances it on each) and Keras 3's counts updates; this is the updates
+    on both (micro-batches // micro-batches per update).
+
+    Args:
+        optimizer: the model's optimizer, as compiled (`model.optimizer`).
+
+    Returns:
+        The number of updates made, an int.
     """
     return _backend.micro_batch_count(optimizer) // _backend.micro_batches(optimizer)
 

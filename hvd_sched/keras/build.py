@@ -99,13 +99,13 @@ def _solver_schedule(solver, world_size, steps_per_epoch, dialect):
 
 
 def _dialect_rules(schedule, model, groups, bias_lr_factor, bias_weight_decay, norm_weight_decay):
-    """``[(variables, decay, lr factor)]`` in first-match order, by the schedule's dialect (docs/dialects.md):
+    """`[(variables, decay, lr factor)]` in first-match order, by the schedule's dialect (docs/dialects.md):
 
     - detectron: biases and norm shifts (Caffe2 BIAS tags) no decay, x 2; norm scales WEIGHT_DECAY_GN;
     - large_scale_vrd: the same bias rule (its optimizer is Detectron's pre-GN one); norm scales WEIGHT_DECAY
       (it has no norm rule: WEIGHT_DECAY_BN is never read);
     - video_nonlocal: no bias rule (biases WEIGHT_DECAY at 1x); every BatchNormalization parameter (its
-      ``'_bn' in name`` rule) WEIGHT_DECAY_BN; other norm parameters WEIGHT_DECAY.
+      `'_bn' in name` rule) WEIGHT_DECAY_BN; other norm parameters WEIGHT_DECAY.
 
     The explicit arguments, when not None, replace the bias group's decay / factor and the norm decay.
     """
@@ -142,20 +142,23 @@ def build_optimizer(solver, model, *, world_size=None, steps_per_epoch=None, dia
       WEIGHT_DECAY_GN (0 by default, as Goyal et al. do for BN);
     - every other trainable variable: WEIGHT_DECAY, x 1.
 
-    For the other dialects the defaults follow their repositories (see `_dialect_rules`): Large-Scale-VRD
-    decays norm scales with WEIGHT_DECAY; video-nonlocal-net has no bias rule and gives BatchNormalization
-    parameters WEIGHT_DECAY_BN. NESTEROV comes from the config (video-nonlocal-net; Large-Scale-VRD's update is
+    For the other dialects the defaults follow their repositories (docs/dialects.md): Large-Scale-VRD has the
+    same bias rule and decays everything else, norm scales included, with WEIGHT_DECAY; video-nonlocal-net has no
+    bias rule (biases WEIGHT_DECAY, x 1) and gives BatchNormalization parameters WEIGHT_DECAY_BN, the rest
+    WEIGHT_DECAY. NESTEROV comes from the config (video-nonlocal-net; Large-Scale-VRD's update is
     never Nesterov, whatever its NESTEROV says).
 
-    Example:
-        >>> import horovod.tensorflow.keras as hvd, hvd_sched.keras
-        >>> hvd.init()
-        >>> opt = hvd_sched.keras.build_optimizer("configs/e2e_faster_rcnn_R-50-FPN_1x.yaml", model,
-        ...                                       world_size=hvd.size())
-        >>> print(hvd_sched.keras.describe_optimizer(opt, model))
-        weight decay 0.0001 on 2 kernels, 0 on 2 biases at 2x LR
-        >>> model.compile(hvd.DistributedOptimizer(opt), "sparse_categorical_crossentropy")
-        >>> model.fit(x, y, callbacks=hvd_sched.keras.horovod_callbacks())
+    Examples:
+        ```python
+        import horovod.tensorflow.keras as hvd, hvd_sched.keras
+        hvd.init()
+        opt = hvd_sched.keras.build_optimizer("examples/configs/e2e_faster_rcnn_R-50-FPN_1x.yaml", model,
+                                              world_size=hvd.size())
+        print(hvd_sched.keras.describe_optimizer(opt, model))
+        # weight decay 0.0001 on 2 kernels, 0 on 2 biases at 2x LR
+        model.compile(hvd_sched.keras.DistributedOptimizer(opt), "sparse_categorical_crossentropy")
+        model.fit(x, y, callbacks=hvd_sched.keras.horovod_callbacks())
+        ```
 
     Args:
         solver: anything `hvd_sched.from_detectron` takes (a SOLVER mapping, a mapping with a SOLVER section, a
@@ -173,7 +176,8 @@ def build_optimizer(solver, model, *, world_size=None, steps_per_epoch=None, dia
         log_corrections: passed to `ScheduledOptimizer`.
 
     Returns:
-        A `ScheduledSGD` (not Horovod-wrapped): wrap it in `hvd.DistributedOptimizer` for several ranks.
+        A `ScheduledSGD` over `SGD(momentum=MOMENTUM, nesterov=NESTEROV)`, not yet distributed: wrap it in
+        `hvd_sched.keras.DistributedOptimizer` for several ranks.
 
     Raises:
         TypeError: `model` is not a Keras model, or a config value has the wrong type.
@@ -223,7 +227,13 @@ def _check_resolution(opt, model, rules, kernel_decay, kernels):
 def describe_optimizer(optimizer, model):
     """One line saying which weight decay and LR factor each of Detectron's parameter groups of `model` gets.
 
-    Example: "weight decay 0.0001 on 53 kernels, 0 on 106 biases at 2x LR (53 norm shifts), 0 on 53 norm scales".
+    Examples:
+        For a ResNet-50 with GroupNormalization, from `build_optimizer`:
+
+        ```python
+        print(hvd_sched.keras.describe_optimizer(opt, model))
+        # weight decay 0.0001 on 53 kernels, 0 on 106 biases at 2x LR (53 norm shifts), 0 on 53 norm scales
+        ```
 
     Args:
         optimizer: a ScheduledOptimizer (Horovod-wrapped or not), e.g. from `build_optimizer`.
@@ -231,6 +241,9 @@ def describe_optimizer(optimizer, model):
 
     Returns:
         The summary string.
+
+    Raises:
+        TypeError: `optimizer` is not a ScheduledOptimizer.
     """
     if scheduled_of(optimizer) is None:
         raise TypeError(f"Argument `optimizer` must be a ScheduledOptimizer. Received: {type(optimizer).__name__}")

@@ -30,22 +30,31 @@ def _say_correction(iteration, old_lr, new_lr, factor):
 class ScheduleCallback(IterationTracker):
     """Sets the optimizer's LR from `schedule` at each batch and rescales its momentum slots when due.
 
-    For users who keep their own optimizer (e.g. `hvd.DistributedOptimizer(tf.keras.optimizers.SGD(...))`).
+    For users who keep their own optimizer (e.g. `DistributedOptimizer(tf.keras.optimizers.SGD(...))`).
     At the beginning of the batch run at iteration `it` it sets the LR to `schedule.lr_at(it)` and, on the
     iterations of `schedule.momentum_corrections`, multiplies every momentum slot by new_lr/old_lr (Detectron's
     `_CorrectMomentum`) before that step's update. The same weights as `ScheduledOptimizer` come out (tested).
     It writes `learning_rate` into the batch and epoch logs (the epoch value is the LR of the epoch's last batch).
+    It needs `model.compile(steps_per_execution=1)` and no gradient accumulation (the LR is set between batches);
+    `ScheduledOptimizer`, which schedules in-graph, has neither limit.
 
-    Example:
-        >>> opt = hvd.DistributedOptimizer(tf.keras.optimizers.SGD(momentum=0.9))
-        >>> model.compile(opt, "mse")
-        >>> model.fit(x, y, callbacks=hvd_sched.keras.horovod_callbacks(ScheduleCallback(schedule)))
+    Examples:
+        ```python
+        opt = hvd_sched.keras.DistributedOptimizer(tf.keras.optimizers.SGD(learning_rate=0.1, momentum=0.9))
+        model.compile(opt, "mse")
+        model.fit(x, y, callbacks=hvd_sched.keras.horovod_callbacks(ScheduleCallback(schedule)))
+        ```
 
     Args:
         schedule: an `hvd_sched.Schedule` (or its `get_config()` dict).
         momentum_correction: as for `ScheduledOptimizer` (None follows the schedule).
         correction_threshold: overrides the schedule's SCALE_MOMENTUM_THRESHOLD.
         verbose: 1 prints one line on rank 0 at each correction.
+
+    Raises:
+        ValueError: at train begin, for a `ScheduledOptimizer` (it already follows its schedule),
+            `steps_per_execution` other than 1, or gradient accumulation; here, for a `correction_threshold` < 1.
+        TypeError: at train begin, for an optimizer whose learning rate is not a float.
     """
 
     def __init__(self, schedule, momentum_correction=None, correction_threshold=None, verbose=1):
@@ -120,8 +129,16 @@ class LearningRateLogger(IterationTracker):
     """Writes the scheduled LR into Keras' batch and epoch logs (key `learning_rate`) for History/TensorBoard.
 
     Use it with `ScheduledOptimizer` (whose LR lives in the graph). The value of a batch is
-    `schedule.lr_at(it)` for the iteration that batch ran; the epoch value is the LR of the epoch's last batch.
-    Put it before TensorBoard/CSVLogger in the callback list (`horovod_callbacks` does).
+    `schedule.lr_at(it)` for the iteration that batch ran; the epoch value is the LR of the epoch's last step.
+    With a `ScheduledOptimizer` built with `log_corrections=True` it also prints one line on rank 0 per momentum
+    correction. Put it before TensorBoard/CSVLogger in the callback list (`horovod_callbacks` does).
+
+    Examples:
+        ```python
+        model.compile(hvd_sched.keras.DistributedOptimizer(hvd_sched.keras.ScheduledOptimizer(sgd, schedule)), "mse")
+        history = model.fit(x, y, epochs=3, callbacks=[hvd_sched.keras.LearningRateLogger()])
+        history.history["learning_rate"]   # the LR of each epoch's last step
+        ```
 
     Args:
         schedule: the schedule; default: the one of the model's ScheduledOptimizer.
@@ -213,7 +230,18 @@ def horovod_callbacks(schedule_callback=None, *, root_rank=0, average_metrics=Tr
        loss) and after the NaN stop (a non-finite step is never saved), before anything you append (TensorBoard,
        a progress bar), which a stop at a signal then skips for that batch.
 
-    Append TensorBoard and your own callbacks after these.
+    Broadcast and averaging are Horovod's callbacks on Keras 2, and `BroadcastVariables(root_rank,
+    local_variables)` / `AverageMetrics` (Horovod's `broadcast_variables` and `allreduce`) on Keras 3. Append
+    TensorBoard and your own callbacks after these.
+
+    Examples:
+        ```python
+        checkpoint = hvd_sched.keras.TrainingCheckpoint("runs/ckpt", period=500)
+        callbacks = hvd_sched.keras.horovod_callbacks(checkpoint=checkpoint)
+        if hvd.rank() == 0:
+            callbacks.append(tf.keras.callbacks.TensorBoard("runs/tb"))
+        model.fit(x, y, epochs=8, callbacks=callbacks)
+        ```
 
     Args:
         schedule_callback: a ScheduleCallback for users who keep their own optimizer, or None.

@@ -1,21 +1,7 @@
 """Checkpoints that a killed process cannot tear: at epoch ends, every N iterations, and at a scheduler's signal,
 with every rank stopping at the same iteration; restoring the newest on every rank, and resuming inside an epoch.
 
-Layout of a checkpoint directory:
-
-    DIR/epoch-0003/ckpt.index, ckpt.data-*   a complete `tf.train.Checkpoint(model=, optimizer=)` at an epoch end
-    DIR/iter-00000100/...                    the same, inside an epoch (a periodic or a signal's checkpoint)
-    DIR/*/meta.json                          {"epoch": 4, "step": 12, "steps_per_epoch": 22, "iteration": 100, ...}
-    DIR/latest                               "iter-00000100": the newest complete checkpoint
-
-`meta.json`: "iteration" is the updates made (Detectron's iteration); "epoch" the Keras epoch (0-based) the
-checkpoint was saved in and "step" the updates made in it, out of "steps_per_epoch" (an epoch-end checkpoint has
-step == steps_per_epoch); "micro_batches" the micro-batches per update; "signal" the signal that stopped the job
-("SIGTERM"), or null.
-
-Rank 0 writes each checkpoint into a temporary folder, fsyncs it, renames the folder into place, and only then
-replaces `latest` (write a temporary file, fsync, `os.replace`). A process killed at any moment therefore leaves
-`latest` naming a complete checkpoint; the torn temporary folder is removed at the next save.
+The layout, the metadata and the atomic write are documented in `TrainingCheckpoint` and `restore_latest`.
 """
 
 import collections
@@ -56,7 +42,14 @@ def _fsync_tree(path):
 
 
 def latest_checkpoint(directory):
-    """The metadata of the newest complete checkpoint in `directory` (with its "path"), or None."""
+    """The metadata of the newest complete checkpoint in `directory` (with its "path"), or None.
+
+    Args:
+        directory: a `TrainingCheckpoint` directory.
+
+    Returns:
+        The checkpoint's metadata dict (see `restore_latest`), or None if there is none yet.
+    """
     pointer = os.path.join(directory, _LATEST)
     try:
         with open(pointer) as f:
@@ -133,8 +126,20 @@ def restore_latest(directory, model, optimizer=None):
         optimizer: default `model.optimizer`.
 
     Returns:
-        The checkpoint's metadata dict ("epoch", "step", "steps_per_epoch", "iteration", "path", ...), or None if
-        there is none yet.
+        The checkpoint's metadata dict ("epoch", "step", "steps_per_epoch", "iteration", "micro_batches",
+        "signal", "path"), or None if there is none yet.
+        Its keys: "iteration" is the updates made (Detectron's iteration); "epoch" the Keras epoch (0-based) the
+        checkpoint was saved in and "step" the updates made in it, out of "steps_per_epoch" (an epoch-end checkpoint has
+        step == steps_per_epoch); "micro_batches" the micro-batches per update; "signal" the signal that stopped the job
+        ("SIGTERM"), or null.
+
+    Examples:
+        ```python
+        meta = hvd_sched.keras.restore_latest("runs/ckpt", model)   # every rank; None on a first run
+        for part in hvd_sched.keras.resume_plan(meta, steps_per_epoch=22, epochs=8):
+            model.fit(make_dataset(skip=part.skip_batches), initial_epoch=part.initial_epoch,
+                      epochs=part.epochs, steps_per_epoch=part.steps_per_epoch, callbacks=callbacks)
+        ```
     """
     _horovod.check_launcher(require_init=False)
     optimizer = optimizer or model.optimizer
@@ -162,9 +167,13 @@ def _initialized_horovod():
     return hvd if hvd.is_initialized() else None
 
 
-#: One `model.fit` of a resumed run: its `initial_epoch`, `epochs`, `steps_per_epoch` (Keras batches, i.e.
-#: micro-batches) and `skip_batches`, the micro-batches of the data stream consumed before it.
 FitPart = collections.namedtuple("FitPart", ["initial_epoch", "epochs", "steps_per_epoch", "skip_batches"])
+"""One `model.fit` of a resumed run, as `resume_plan` returns them (a named tuple).
+
+Its fields: `initial_epoch` and `epochs` (`model.fit`'s), `steps_per_epoch` (Keras batches, i.e.
+micro-batches, for `model.fit(steps_per_epoch=...)`) and `skip_batches`, the micro-batches of the data stream
+consumed before it (`dataset.skip(part.skip_batches)`).
+"""
 
 
 def resume_plan(meta, steps_per_epoch, epochs, micro_batches=1):
@@ -175,11 +184,13 @@ def resume_plan(meta, steps_per_epoch, epochs, micro_batches=1):
     starts at iteration 0 and runs on across epochs (the example's `dataset.skip(n)`), so a resumed run sees the
     batches the uninterrupted one would have.
 
-    Example:
-        >>> meta = hvd_sched.keras.restore_latest("runs/ckpt", model)
-        >>> for part in hvd_sched.keras.resume_plan(meta, steps_per_epoch=22, epochs=8):
-        ...     model.fit(make_dataset(skip=part.skip_batches), initial_epoch=part.initial_epoch,
-        ...               epochs=part.epochs, steps_per_epoch=part.steps_per_epoch, callbacks=callbacks)
+    Examples:
+        ```python
+        meta = hvd_sched.keras.restore_latest("runs/ckpt", model)
+        for part in hvd_sched.keras.resume_plan(meta, steps_per_epoch=22, epochs=8):
+            model.fit(make_dataset(skip=part.skip_batches), initial_epoch=part.initial_epoch,
+                      epochs=part.epochs, steps_per_epoch=part.steps_per_epoch, callbacks=callbacks)
+        ```
 
     Args:
         meta: what `restore_latest` returned.
@@ -227,8 +238,10 @@ class TrainingInterrupted(SystemExit):
     it; `except TrainingInterrupted` does.
 
     Attributes:
-        signal: the signal's name ("SIGTERM"); iteration: the iteration stopped at; path: the checkpoint saved
-        (None where the loss was not finite and the previous checkpoint stays the latest).
+        signal: the signal's name ("SIGTERM").
+        iteration: the iteration stopped at.
+        path: the checkpoint saved (None where the loss was not finite and the previous checkpoint stays the
+            latest).
     """
 
     def __init__(self, signal, iteration, path, code):
@@ -242,7 +255,7 @@ class TrainingInterrupted(SystemExit):
 class TrainingCheckpoint(_backend.keras.callbacks.Callback):
     """Checkpoints at epoch ends, every `period` iterations, and when the job is asked to stop by a signal.
 
-    Rank `root_rank` writes (atomically: see the module docstring); the others hold the same state. The saved
+    Rank `root_rank` writes; the others hold the same state. The saved
     state is the model's and the optimizer's variables (weights, slots, iteration): a resumed run continues the
     schedule, its momentum corrections and the accumulation exactly (`resume_plan` for the data position).
 
@@ -254,14 +267,29 @@ class TrainingCheckpoint(_backend.keras.callbacks.Callback):
     128 + the signal's number). Signals are handled from train begin to train end (across several fits inside
     `with checkpoint.handling_signals():`); outside, they act as they did before.
 
-    Example:
-        >>> checkpoint = hvd_sched.keras.TrainingCheckpoint("runs/ckpt", period=500)
-        >>> meta = hvd_sched.keras.restore_latest("runs/ckpt", model)
-        >>> with checkpoint.handling_signals():
-        ...     for part in hvd_sched.keras.resume_plan(meta, steps_per_epoch=steps, epochs=10):
-        ...         model.fit(make_dataset(skip=part.skip_batches), initial_epoch=part.initial_epoch,
-        ...                   epochs=part.epochs, steps_per_epoch=part.steps_per_epoch,
-        ...                   callbacks=hvd_sched.keras.horovod_callbacks(checkpoint=checkpoint))
+    Rank 0 writes each checkpoint into a temporary folder, fsyncs it, renames the folder into place, and only then
+    replaces `latest` (write a temporary file, fsync, `os.replace`). A process killed at any moment therefore leaves
+    `latest` naming a complete checkpoint; the torn temporary folder is removed at the next save.
+
+    Layout of a checkpoint directory:
+
+    ```text
+    DIR/epoch-0003/ckpt.index, ckpt.data-*   a complete `tf.train.Checkpoint(model=, optimizer=)` at an epoch end
+    DIR/iter-00000100/...                    the same, inside an epoch (a periodic or a signal's checkpoint)
+    DIR/*/meta.json                          {"epoch": 4, "step": 12, "steps_per_epoch": 22, "iteration": 100, ...}
+    DIR/latest                               "iter-00000100": the newest complete checkpoint
+    ```
+
+    Examples:
+        ```python
+        checkpoint = hvd_sched.keras.TrainingCheckpoint("runs/ckpt", period=500)
+        meta = hvd_sched.keras.restore_latest("runs/ckpt", model)
+        with checkpoint.handling_signals():
+            for part in hvd_sched.keras.resume_plan(meta, steps_per_epoch=steps, epochs=10):
+                model.fit(make_dataset(skip=part.skip_batches), initial_epoch=part.initial_epoch,
+                          epochs=part.epochs, steps_per_epoch=part.steps_per_epoch,
+                          callbacks=hvd_sched.keras.horovod_callbacks(checkpoint=checkpoint))
+        ```
 
     Args:
         directory: where checkpoints go (created on rank 0).
@@ -378,10 +406,12 @@ class TrainingCheckpoint(_backend.keras.callbacks.Callback):
         """Keep the stop signals handled across several `fit` calls (a resume's rest of an epoch, then the next
         epochs): between two fits a signal is then recorded, not fatal, and the next fit stops at once.
 
-        Example:
-            >>> with checkpoint.handling_signals():
-            ...     for part in hvd_sched.keras.resume_plan(meta, steps_per_epoch=steps, epochs=10):
-            ...         model.fit(..., callbacks=hvd_sched.keras.horovod_callbacks(checkpoint=checkpoint))
+        Examples:
+            ```python
+            with checkpoint.handling_signals():
+                for part in hvd_sched.keras.resume_plan(meta, steps_per_epoch=steps, epochs=10):
+                    model.fit(..., callbacks=hvd_sched.keras.horovod_callbacks(checkpoint=checkpoint))
+            ```
         """
         self._requests.install()
         try:
@@ -392,7 +422,14 @@ class TrainingCheckpoint(_backend.keras.callbacks.Callback):
     # ------------------------------------------------------------------------------------------ the work
 
     def save(self, epoch):
-        """Write the checkpoint of the end of `epoch` and point `latest` at it; returns its path."""
+        """Write the checkpoint of the end of `epoch` and point `latest` at it.
+
+        Args:
+            epoch: the Keras epoch (0-based) that ended.
+
+        Returns:
+            The checkpoint's path.
+        """
         self._epoch = epoch
         steps = self._steps or 0
         return self._save(iteration_count(self.model.optimizer), steps, steps)
@@ -453,17 +490,21 @@ class EpochCheckpoint(TrainingCheckpoint):
     Training state is the optimizer's iteration counter and slots, so a restored model continues the schedule
     exactly. An epoch whose loss is NaN/Inf is not saved: the latest checkpoint stays the last good one.
 
-    Example:
-        >>> meta = hvd_sched.keras.restore_latest("runs/ckpt", model)
-        >>> start = 0 if meta is None else meta["epoch"] + 1
-        >>> model.fit(x, y, initial_epoch=start, epochs=10,
-        ...           callbacks=horovod_callbacks() + [EpochCheckpoint("runs/ckpt")])
+    Examples:
+        ```python
+        meta = hvd_sched.keras.restore_latest("runs/ckpt", model)
+        start = 0 if meta is None else meta["epoch"] + 1
+        model.fit(x, y, initial_epoch=start, epochs=10,
+                  callbacks=horovod_callbacks() + [EpochCheckpoint("runs/ckpt")])
+        ```
 
     Args:
         directory: where checkpoints go (created on rank 0).
         keep: how many complete checkpoints to keep (oldest removed first).
         root_rank: the rank that writes.
-        period, stop_signals, agree_every: as `TrainingCheckpoint` (default: none, none, 0.25).
+        period: as `TrainingCheckpoint` (default: None, epoch ends only).
+        stop_signals: as `TrainingCheckpoint` (default: `()`, no signal handled).
+        agree_every: as `TrainingCheckpoint` (default 0.25).
     """
 
     def __init__(self, directory, keep=3, root_rank=0, period=None, stop_signals=(), agree_every=0.25):

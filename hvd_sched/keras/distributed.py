@@ -34,21 +34,26 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          groups=None, process_set=None, scale_local_gradients=True):
     """`optimizer`, its gradients reduced (averaged) over the Horovod ranks before every update.
 
-    Horovod's `horovod.tensorflow.keras.DistributedOptimizer` arguments, with Horovod's meanings and defaults,
-    on Keras 2 and Keras 3, except where said.
+    Horovod's `horovod.tensorflow.keras.DistributedOptimizer` arguments (names, order, meanings and defaults),
+    on Keras 2 and Keras 3, except where said. Wrap the scheduled optimizer:
+    `DistributedOptimizer(ScheduledOptimizer(...))`; the other order is a ValueError.
 
-    Example:
-        >>> import hvd_sched.keras, horovod.tensorflow as hvd
-        >>> hvd.init()
-        >>> schedule = hvd_sched.from_detectron("solver.yaml", world_size=hvd.size())   # ITER_SIZE: 2
-        >>> opt = hvd_sched.keras.DistributedOptimizer(
-        ...     hvd_sched.keras.ScheduledOptimizer(tf.keras.optimizers.SGD(momentum=0.9), schedule))
-        >>> model.compile(opt, "sparse_categorical_crossentropy")   # 2 micro-batches per update
-        >>> model.fit(x, y, callbacks=hvd_sched.keras.horovod_callbacks())
+    Examples:
+        ```python
+        import hvd_sched.keras, horovod.tensorflow as hvd
+        hvd.init()
+        schedule = hvd_sched.from_detectron({"BASE_LR": 0.1, "ITER_SIZE": 2, "MAX_ITER": 1000})
+        opt = hvd_sched.keras.DistributedOptimizer(
+            hvd_sched.keras.ScheduledOptimizer(tf.keras.optimizers.SGD(momentum=0.9), schedule))
+        model.compile(opt, "sparse_categorical_crossentropy")   # 2 micro-batches per update
+        model.fit(x, y, callbacks=hvd_sched.keras.horovod_callbacks())
+        ```
 
     On Keras 2 this is Horovod's own wrapper, given every argument. On Keras 3 (where Horovod's Keras layer does
     not average: horovod #4290) it returns an instance of a subclass of `type(optimizer)` (rebuilt from
-    `optimizer.get_config()`, as Horovod does) that reduces with `horovod.tensorflow.grouped_allreduce`; a
+    `optimizer.get_config()`, as Horovod does) that reduces with `horovod.tensorflow.grouped_allreduce` (one
+    call per dtype and group; `op` Average or Sum, `gradient_predivide_factor`, `groups`, `process_set` and
+    `compression` are honoured, and sparse gradients are allgathered by Horovod); a
     `LossScaleOptimizer` (mixed precision) is wrapped as a whole, so the finite-gradient check sees the averaged
     gradients and every rank skips or applies the same steps; under the `mixed_float16` policy a plain optimizer
     is put inside a `LossScaleOptimizer` here, which `model.compile` then keeps, for the same reason.
@@ -63,15 +68,20 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     Args:
         optimizer: a Keras optimizer (e.g. a `ScheduledOptimizer`), or a Keras 3 `LossScaleOptimizer`.
         name: the name scope of the reduction ops (Horovod: "Distributed<Class>").
-        device_dense, device_sparse: Horovod's devices for dense and sparse tensors.
+        device_dense: Horovod's device for dense tensors.
+        device_sparse: Horovod's device for sparse tensors.
         compression: `horovod.tensorflow.Compression.fp16` to send float16 gradients; None sends them as they are.
         sparse_as_dense: reduce sparse gradients (embeddings) as dense tensors instead of allgathering them
             (Horovod needs it with backward_passes_per_step > 1).
         gradient_predivide_factor: with `op` Average, the gradients are scaled by 1/f before the sum and by
             f/size after it.
-        op: `hvd.Average` (default), `hvd.Sum`, or `hvd.Adasum` (needs Horovod built with MPI).
+        op: `hvd.Average` (default), `hvd.Sum`, or `hvd.Adasum`: then each gradient is reduced on its own with
+            `hvd.allreduce(op=hvd.Adasum)`, on both Keras, under an MPI launch (Horovod built with MPI; not
+            under `horovodrun --gloo`).
         backward_passes_per_step: micro-batches per update (int >= 1). None: the scheduled optimizer's
-            ITER_SIZE (`schedule.iter_size`), or Keras 3's `gradient_accumulation_steps` of `optimizer`, else 1.
+            ITER_SIZE (`schedule.iter_size`, with `average_aggregated_gradients=True`: Caffe's averaging), or
+            Keras 3's `gradient_accumulation_steps` of `optimizer`, else 1. Given, it keeps Horovod's default
+            `average_aggregated_gradients=False` (a sum).
         average_aggregated_gradients: divide the k accumulated micro-batches by k (Caffe's `iter_size`,
             Keras 3's accumulation) instead of summing them. None: True where the accumulation comes from
             ITER_SIZE or from Keras 3's `gradient_accumulation_steps` (both average), else Horovod's False.
@@ -86,9 +96,11 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
 
     Raises:
         TypeError: `optimizer` is not a Keras optimizer.
-        ValueError: it is already distributed; an argument is invalid or cannot be honoured here (named), e.g.
-            `backward_passes_per_step` together with Keras 3's `gradient_accumulation_steps`, a k other than the
-            schedule's ITER_SIZE, accumulation with a LossScaleOptimizer, or Adasum without MPI.
+        ValueError: it is already distributed (or scheduled from the outside: wrap in the other order); an
+            argument is invalid or cannot be honoured here (named), e.g. `backward_passes_per_step` together with
+            Keras 3's `gradient_accumulation_steps`, a k other than the schedule's ITER_SIZE, accumulation with
+            a LossScaleOptimizer, `op=hvd.Adasum` without MPI or under `--gloo`, `groups=0` (with Horovod's
+            message), or `scale_local_gradients=False` on Keras 3.
     """
     _horovod.check_launcher(require_init=False)
     if not _backend.is_optimizer(optimizer):

@@ -25,9 +25,11 @@ def elastic_state(model, optimizer=None, **kwargs):
     variable (the optimizer is built first, so its slots and iteration count are part of the state). Either way
     Horovod saves, restores and broadcasts the state.
 
-    Example:
-        >>> state = hvd_sched.keras.elastic_state(model, batch=0, epoch=0)
-        >>> state.register_reset_callbacks([hvd_sched.keras.ElasticLRScaler(model.optimizer)])
+    Examples:
+        ```python
+        state = hvd_sched.keras.elastic_state(model, batch=0, epoch=0)
+        state.register_reset_callbacks([hvd_sched.keras.ElasticLRScaler(model.optimizer)])
+        ```
 
     Args:
         model: the compiled model.
@@ -52,11 +54,16 @@ def elastic_state(model, optimizer=None, **kwargs):
 
 
 class ElasticLRScaler:
-    """A reset callback for `hvd.elastic.KerasState.register_reset_callbacks`.
+    """A reset callback for `hvd.elastic.KerasState.register_reset_callbacks` that keeps the linear scaling rule.
 
-    Example:
-        >>> state = hvd_sched.keras.elastic_state(model, batch=0, epoch=0)  # Keras 2: hvd.elastic.KerasState
-        >>> state.register_reset_callbacks([hvd_sched.keras.ElasticLRScaler(model.optimizer)])
+    On each elastic reset the LR becomes `schedule.lr_at(it) * new_size / start_size`, the momentum slots are
+    rescaled by new_lr/old_lr at that moment (as a scheduled LR jump is corrected), and the iteration is kept.
+
+    Examples:
+        ```python
+        state = hvd_sched.keras.elastic_state(model, batch=0, epoch=0)  # Keras 2: hvd.elastic.KerasState
+        state.register_reset_callbacks([hvd_sched.keras.ElasticLRScaler(model.optimizer)])
+        ```
 
     Args:
         optimizer: the (Horovod-wrapped) ScheduledOptimizer, built for the world size at construction time.

@@ -16,13 +16,15 @@ class ScheduleLR(_backend.LearningRateSchedule):
     The graph computes the policy's float64 formula with the same operations as `Schedule.lr_at` (a boundary
     search for the piecewise-constant policies) and rounds it to float32, so the LR used in training is
     `schedule.lr_at(step)` (float32, as Detectron's `get_lr_at_iter`), with no per-iteration table: the graph
-    is the same size for MAX_ITER 1e4 and 1e9. This gives the LR without momentum correction; `ScheduledOptimizer` uses it
-    and adds the correction.
+    is the same size for MAX_ITER 1e4 and 1e9. This gives the LR without momentum correction, for any optimizer;
+    `ScheduledOptimizer` uses it and adds the correction.
 
-    Example:
-        >>> sched = hvd_sched.from_detectron({"BASE_LR": 0.1, "LR_POLICY": "steps_with_decay",
-        ...                                   "STEPS": [0, 300], "MAX_ITER": 400, "WARM_UP_ITERS": 50})
-        >>> opt = tf.keras.optimizers.Adam(learning_rate=ScheduleLR(sched))
+    Examples:
+        ```python
+        sched = hvd_sched.from_detectron({"BASE_LR": 0.1, "LR_POLICY": "steps_with_decay",
+                                          "STEPS": [0, 300], "MAX_ITER": 400, "WARM_UP_ITERS": 50})
+        opt = tf.keras.optimizers.Adam(learning_rate=ScheduleLR(sched))
+        ```
 
     With gradient accumulation Keras 3 calls a learning-rate schedule with its micro-batch count
     (`optimizer._iterations`, not `optimizer.iterations`), so an optimizer built with

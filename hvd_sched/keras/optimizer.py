@@ -25,15 +25,8 @@ Like Horovod's `DistributedOptimizer`, `ScheduledOptimizer(opt, schedule)` retur
 Wrap in this order: `DistributedOptimizer(ScheduledOptimizer(SGD(...), schedule))`; the gradients are averaged
 first and this class's update runs on the averaged gradients.
 
-The schedule is the one owner of the LR. Reading it outside the compiled step (`opt.learning_rate`, `opt.lr`,
-`backend.get_value(opt.lr)`, `float(...)`) gives `schedule.lr_at(iteration)` of the next step on every Keras;
-every write (`opt.lr = x`, `opt.learning_rate = x`, `backend.set_value(opt.lr, x)`, `opt.learning_rate.assign(x)`,
-so also Keras' `LearningRateScheduler` and `ReduceLROnPlateau` and Horovod's `LearningRateWarmupCallback` and
-`LearningRateScheduleCallback`) raises a TypeError at the write that names the caller and what to put in the
-SOLVER config instead. ReduceLROnPlateau is refused rather than applied as a factor on the schedule: the LR is a
-function of the iteration alone, which is what makes resume, elastic resets and rank agreement exact with no
-further state; a plateau factor would be state of its own (checkpointed, broadcast, logged), and Detectron has
-none.
+What users see (the one owner of the LR, serialization, the optimizers it wraps) is `ScheduledOptimizer`'s
+docstring.
 """
 
 import sys
@@ -49,7 +42,14 @@ _CLASSES = {}
 
 
 def scheduled_class(base):
-    """The scheduled subclass of a Keras optimizer class (one per class, registered for `load_model`)."""
+    """The scheduled subclass of a Keras optimizer class (one per class, registered for `load_model`).
+
+    Args:
+        base: a Keras optimizer class, e.g. `tf.keras.optimizers.SGD`.
+
+    Returns:
+        The class `Scheduled<Name>` (`ScheduledOptimizer` builds its instances); a scheduled class itself.
+    """
     if base in _CLASSES:
         return _CLASSES[base]
     if issubclass(base, ScheduledBase):
@@ -81,34 +81,59 @@ def ScheduledOptimizer(optimizer, schedule, *, momentum_correction=None, correct
 
     The LR at step `it` is `schedule.lr_at(it)`; on the iterations of `schedule.momentum_corrections` the
     momentum slots are multiplied by new_lr/old_lr before that step's update (Goyal et al. 2017, sec. 2.1;
-    Detectron `SOLVER.SCALE_MOMENTUM`). The optimizer's own learning_rate is replaced by the schedule.
+    Detectron `SOLVER.SCALE_MOMENTUM`). The optimizer's own learning_rate is replaced by the schedule, computed in
+    the compiled step; the slots are rescaled in the same step.
 
-    Example:
-        >>> import hvd_sched, hvd_sched.keras, horovod.tensorflow.keras as hvd
-        >>> hvd.init()
-        >>> schedule = hvd_sched.from_detectron("configs/steps.yaml", world_size=hvd.size())
-        >>> opt = hvd_sched.keras.DistributedOptimizer(
-        ...     hvd_sched.keras.ScheduledOptimizer(tf.keras.optimizers.SGD(momentum=0.9), schedule,
-        ...                                        lr_multipliers={"bias": 2.0}))
-        >>> model.compile(opt, "sparse_categorical_crossentropy")
-        >>> model.fit(x, y, callbacks=hvd_sched.keras.horovod_callbacks())
+    Works with `SGD` (with and without `nesterov`), Keras 2's `optimizers.legacy.SGD`, and every other Keras
+    optimizer (LR only). Any Keras optimizer class can be wrapped, also one of your own whose `__init__` takes
+    no `learning_rate` (it is built as it is and its LR replaced by the schedule), as long as it has a learning
+    rate its update reads (a class without one is a TypeError saying what it needs).
+
+    The schedule is the one owner of the LR. Reading it outside the compiled step (`opt.learning_rate`, `opt.lr`,
+    `backend.get_value(opt.lr)`, `float(...)`) gives `schedule.lr_at(iteration)` of the next step on every Keras;
+    every write (`opt.lr = x`, `opt.learning_rate = x`, `backend.set_value(opt.lr, x)`, `opt.learning_rate.assign(x)`,
+    so also Keras' `LearningRateScheduler` and `ReduceLROnPlateau` and Horovod's `LearningRateWarmupCallback` and
+    `LearningRateScheduleCallback`) raises a TypeError at the write that names the caller and what to put in the
+    SOLVER config instead. ReduceLROnPlateau is refused rather than applied as a factor on the schedule: the LR is a
+    function of the iteration alone, which is what makes resume, elastic resets and rank agreement exact with no
+    further state; a plateau factor would be state of its own (checkpointed, broadcast, logged), and Detectron has
+    none.
+
+    Serializes fully: every option is in `get_config()`, so `DistributedOptimizer`'s rebuild, `model.save` +
+    `load_model`, `tf.train.Checkpoint` and Keras 2's `convert_to_legacy_optimizer` keep it; on Keras 3
+    `set_weights` takes a plain optimizer's weights (its LR weight left out).
+
+    Examples:
+        ```python
+        import hvd_sched, hvd_sched.keras, horovod.tensorflow.keras as hvd
+        hvd.init()
+        schedule = hvd_sched.from_detectron("examples/configs/digits_warmup_steps.yaml", world_size=hvd.size(),
+                                            steps_per_epoch=steps_per_epoch)
+        opt = hvd_sched.keras.DistributedOptimizer(
+            hvd_sched.keras.ScheduledOptimizer(tf.keras.optimizers.SGD(momentum=0.9), schedule,
+                                               lr_multipliers={"bias": 2.0}))
+        model.compile(opt, "sparse_categorical_crossentropy")
+        model.fit(x, y, callbacks=hvd_sched.keras.horovod_callbacks())
+        ```
 
     Args:
         optimizer: a Keras optimizer (`tf.keras.optimizers.*`, or Keras 2's `tf.keras.optimizers.legacy.*`), not
             yet distributed nor inside a LossScaleOptimizer (mixed precision wraps the scheduled one).
         schedule: an `hvd_sched.Schedule` (or its `get_config()` dict).
         momentum_correction: None (follow the schedule's SCALE_MOMENTUM / SCALE_MOMENTUM_MODE for SGD with
-            momentum; a no-op for optimizers whose slots hold no LR, such as Adam), "threshold",
-            "every_change", "off", or a bool.
+            momentum; a documented no-op for optimizers whose slots hold no LR, such as Adam), "threshold",
+            "every_change", "off", or a bool. Asking for it on Adam and friends is a ValueError.
         correction_threshold: overrides the schedule's SCALE_MOMENTUM_THRESHOLD (>= 1).
         lr_multipliers: dict of variable-name regex -> factor; a variable uses lr * factor of the first pattern
-            that `re.search`es its name (e.g. {"bias": 2.0}); every pattern must match some variable.
+            that `re.search`es its name (e.g. `{"bias": 2.0}`); a pattern that matches no variable fails before
+            the first step. Names are Keras 2's `variable.name` (`dense/bias:0`) or Keras 3's `variable.path`
+            (`sequential/dense/bias`).
         weight_decays: dict of variable-name regex -> decay >= 0, read like `lr_multipliers` (first match wins,
             unmatched variables get 0, every pattern must match some variable): coupled L2, the update of
             SGD with momentum mu is V = mu*V + lr*factor*(g + decay*w); w -= V (Detectron's
             `WeightedSum([grad, ONE, param, WD])` before `MomentumSGDUpdate`; the LR multiplier scales the
             decay term too, as Caffe2's WeightDecayBuilder, which rewrites the gradient before the optimizer
-            and its LR). E.g. {"bias": 0.0, "": 1e-4}. Not the optimizer's own `weight_decay=` (decoupled,
+            and its LR). E.g. `{"bias": 0.0, "": 1e-4}`. Not the optimizer's own `weight_decay=` (decoupled,
             Loshchilov & Hutter; combining both is an error). `build_optimizer(solver, model)` writes both rule
             sets from a model's layers.
         log_corrections: `LearningRateLogger` (in `horovod_callbacks`) prints one line on rank 0 at each
@@ -116,10 +141,6 @@ def ScheduledOptimizer(optimizer, schedule, *, momentum_correction=None, correct
 
     Returns:
         A new optimizer of class `Scheduled<Name>`, a subclass of `type(optimizer)`.
-
-    Any Keras optimizer class can be wrapped, also one whose `__init__` takes no `learning_rate` (it is built as
-    it is and its LR replaced by the schedule), as long as it has a learning rate its update reads (a class
-    without one is a TypeError saying what it needs).
 
     Raises:
         TypeError: `optimizer` is not a Keras optimizer, has no learning rate, or `schedule` is not a schedule.
@@ -155,19 +176,43 @@ def ScheduledOptimizer(optimizer, schedule, *, momentum_correction=None, correct
 
 
 def is_scheduled(optimizer):
-    """True when `optimizer` (possibly Horovod-wrapped, possibly inside a LossScaleOptimizer) is scheduled."""
+    """True when `optimizer` (possibly Horovod-wrapped, possibly inside a LossScaleOptimizer) is scheduled.
+
+    Args:
+        optimizer: any optimizer, e.g. `model.optimizer`.
+
+    Returns:
+        A bool: `scheduled_of(optimizer) is not None`.
+    """
     return scheduled_of(optimizer) is not None
 
 
 def scheduled_of(optimizer):
-    """The ScheduledOptimizer that does the updates of `optimizer`, seen through a LossScaleOptimizer (mixed
-    precision wraps the compiled optimizer in one), or None."""
+    """The ScheduledOptimizer that does the updates of `optimizer`, seen through its wrappers, or None.
+
+    The wrappers: Horovod's or `DistributedOptimizer`, and a LossScaleOptimizer (mixed precision wraps the
+    compiled optimizer in one).
+
+    Args:
+        optimizer: any optimizer, e.g. `model.optimizer`.
+
+    Returns:
+        The scheduled optimizer (its `schedule`, `lr_at`, ...), or None.
+    """
     inner = _backend.unwrap(optimizer)
     return inner if isinstance(inner, ScheduledBase) else None
 
 
 def custom_objects():
-    """Every scheduled class by its plain name, for `tf.keras.models.load_model(..., custom_objects=...)`."""
+    """Every scheduled class by its plain name, for `tf.keras.models.load_model(..., custom_objects=...)`.
+
+    Examples:
+        Loading without Horovod (with Horovod: `hvd_sched.keras.load_model`):
+
+        ```python
+        model = tf.keras.models.load_model("runs/model.keras", custom_objects=hvd_sched.keras.custom_objects())
+        ```
+    """
     return {cls.__name__: cls for cls in _CLASSES.values()}
 
 

@@ -27,10 +27,12 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
     know the scheduled classes. Horovod is initialised here if it is not yet (`hvd.init()`). To load without
     Horovod: `tf.keras.models.load_model(path, custom_objects=hvd_sched.keras.custom_objects())`.
 
-    Example:
-        >>> hvd.init()
-        >>> model = hvd_sched.keras.load_model("runs/model.keras")   # every rank
-        >>> model.fit(x, y, initial_epoch=2, epochs=3, callbacks=hvd_sched.keras.horovod_callbacks())
+    Examples:
+        ```python
+        hvd.init()
+        model = hvd_sched.keras.load_model("runs/model.keras")   # every rank
+        model.fit(x, y, initial_epoch=2, epochs=3, callbacks=hvd_sched.keras.horovod_callbacks())
+        ```
 
     Args:
         filepath: the `.keras` / `.h5` file or SavedModel directory.
