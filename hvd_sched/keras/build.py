@@ -231,7 +231,9 @@ def describe_optimizer(optimizer, model):
         For a ResNet-50 with GroupNormalization, from `build_optimizer`:
 
         ```python
+        opt = hvd_sched.keras.build_optimizer("examples/configs/e2e_faster_rcnn_R-50-FPN_1x.yaml", model)
         print(hvd_sched.keras.describe_optimizer(opt, model))
+        # a ResNet-50 with GroupNorm prints:
         # weight decay 0.0001 on 53 kernels, 0 on 106 biases at 2x LR (53 norm shifts), 0 on 53 norm scales
         ```
 

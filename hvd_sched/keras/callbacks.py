@@ -41,7 +41,7 @@ class ScheduleCallback(IterationTracker):
     Examples:
         ```python
         opt = hvd_sched.keras.DistributedOptimizer(tf.keras.optimizers.SGD(learning_rate=0.1, momentum=0.9))
-        model.compile(opt, "mse")
+        model.compile(opt, "sparse_categorical_crossentropy")
         model.fit(x, y, callbacks=hvd_sched.keras.horovod_callbacks(ScheduleCallback(schedule)))
         ```
 
@@ -135,7 +135,8 @@ class LearningRateLogger(IterationTracker):
 
     Examples:
         ```python
-        model.compile(hvd_sched.keras.DistributedOptimizer(hvd_sched.keras.ScheduledOptimizer(sgd, schedule)), "mse")
+        opt = hvd_sched.keras.DistributedOptimizer(hvd_sched.keras.ScheduledOptimizer(sgd, schedule))
+        model.compile(opt, "sparse_categorical_crossentropy")
         history = model.fit(x, y, epochs=3, callbacks=[hvd_sched.keras.LearningRateLogger()])
         history.history["learning_rate"]   # the LR of each epoch's last step
         ```

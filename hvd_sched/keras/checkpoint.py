@@ -408,9 +408,13 @@ class TrainingCheckpoint(_backend.keras.callbacks.Callback):
 
         Examples:
             ```python
-            with checkpoint.handling_signals():
+            checkpoint = hvd_sched.keras.TrainingCheckpoint("runs/ckpt")
+            meta = hvd_sched.keras.restore_latest("runs/ckpt", model)
+            with checkpoint.handling_signals():          # a signal between two fits stops the next one at once
                 for part in hvd_sched.keras.resume_plan(meta, steps_per_epoch=steps, epochs=10):
-                    model.fit(..., callbacks=hvd_sched.keras.horovod_callbacks(checkpoint=checkpoint))
+                    model.fit(make_dataset(skip=part.skip_batches), initial_epoch=part.initial_epoch,
+                              epochs=part.epochs, steps_per_epoch=part.steps_per_epoch,
+                              callbacks=hvd_sched.keras.horovod_callbacks(checkpoint=checkpoint))
             ```
         """
         self._requests.install()

@@ -46,7 +46,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         opt = hvd_sched.keras.DistributedOptimizer(
             hvd_sched.keras.ScheduledOptimizer(tf.keras.optimizers.SGD(momentum=0.9), schedule))
         model.compile(opt, "sparse_categorical_crossentropy")   # 2 micro-batches per update
-        model.fit(x, y, callbacks=hvd_sched.keras.horovod_callbacks())
+        model.fit(x, y, batch_size=32, steps_per_epoch=56,   # an epoch ends on an update: 56 = 2 x 28
+                  callbacks=hvd_sched.keras.horovod_callbacks())
         ```
 
     On Keras 2 this is Horovod's own wrapper, given every argument. On Keras 3 (where Horovod's Keras layer does

@@ -26,6 +26,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 _FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+)(?P<lang>[\w-]*)[^\n]*$")
 _MARK = re.compile(r"^\s*<!-- test: (?P<kind>skip|prelude) (?P<arg>.+?) -->\s*$")
 RUN_LANGS = ("python", "pycon", "console", "yaml")
+#: The public names whose docstrings hold examples: hvd_sched's are doctests (test_docstrings.py), these are
+#: fenced blocks run by test_doc_examples.py with the prelude "docstrings".
+DOCSTRING_MODULE = "hvd_sched.keras"
 
 #: What a page leaves to the reader, made small: digits, one Dense model, Horovod on one process.
 _DIGITS = """
@@ -54,6 +57,20 @@ steps, epochs, iter_size, batch = 10, 2, 1, 32
 def make_dataset(skip=0):
     data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=1).repeat().batch(batch)
     return data.skip(skip)
+""",
+    # the examples in hvd_sched.keras' docstrings (the reference pages), run one after another on these names
+    "docstrings": _DIGITS + """
+from hvd_sched.keras import (horovod_callbacks, ScheduleCallback, ScheduleLR, EpochCheckpoint, LearningRateLogger)
+schedule = hvd_sched.from_detectron("examples/configs/e2e_faster_rcnn_R-50-FPN_1x.yaml")
+sgd = tf.keras.optimizers.SGD(momentum=0.9)
+model.compile(hvd_sched.keras.DistributedOptimizer(hvd_sched.keras.ScheduledOptimizer(
+    tf.keras.optimizers.SGD(momentum=0.9), schedule)), "sparse_categorical_crossentropy", jit_compile=False)
+model.save("runs/model.keras")
+steps = steps_per_epoch = 22
+def make_dataset(skip=0):
+    data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=1).repeat().batch(32)
+    return data.skip(skip)
+callbacks = horovod_callbacks()
 """,
     # "Large batches": a SOLVER with ITER_SIZE 2, the micro-batch size and the updates per epoch
     "accumulate": _DIGITS + """

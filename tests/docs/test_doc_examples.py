@@ -165,3 +165,41 @@ def test_the_readmes_links_reach_pages_and_anchors():
         if anchor:
             headings = re.findall(r"(?m)^#{1,6} (.+)$", target.read_text())
             assert anchor in {_slug(h) for h in headings}, f"README links to {link}: no such heading in {path}"
+
+
+_DOCSTRING_RUNNER = """
+import inspect, os, re, sys, textwrap, traceback
+os.makedirs("runs", exist_ok=True)
+base = {"__name__": "__main__"}
+exec(open(sys.argv[1]).read(), base)
+module = sys.modules[sys.argv[2]]
+examples = []
+for name in module.__all__:
+    obj = getattr(module, name)
+    docs = [(name, inspect.getdoc(obj) or "")]
+    if inspect.isclass(obj):
+        docs += [(f"{name}.{m}", inspect.getdoc(getattr(obj, m)) or "") for m in vars(obj)
+                 if not m.startswith("_") and callable(getattr(obj, m, None))]
+    for where, doc in docs:
+        examples += [(where, textwrap.dedent(code)) for code in re.findall(r"```python\\n(.*?)```", doc, re.S)]
+failed = []
+for where, code in examples:
+    try:
+        exec(compile(code, where, "exec"), dict(base))
+    except BaseException:
+        failed.append(where + ":\\n" + code + traceback.format_exc(limit=-3))
+print(f"examples run: {len(examples)}")
+print("\\n".join(failed))
+sys.exit(1 if failed else 0)
+"""
+
+
+def test_the_reference_pages_examples_run(work):
+    """The fenced examples of hvd_sched.keras' docstrings, which the reference pages render, run one after another
+    on the prelude's model and data (the pure modules' doctests: test_docstrings.py)."""
+    from docblocks import DOCSTRING_MODULE
+    (work / "runner.py").write_text(_DOCSTRING_RUNNER)
+    (work / "prelude.py").write_text(PRELUDES["docstrings"])
+    code, out, err = _run([sys.executable, "runner.py", "prelude.py", DOCSTRING_MODULE], work, timeout=600)
+    assert code == 0, f"docstring examples failed:\n{out[-10000:]}\n{err[-3000:]}"
+    assert int(re.search(r"examples run: (\d+)", out)[1]) >= 10, out
