@@ -8,7 +8,10 @@ are missing. Nothing is written into the tree: the site is built under pytest's 
 """
 
 import html
+import os
 import re
+import shutil
+import subprocess
 
 import pytest
 
@@ -150,3 +153,48 @@ def test_no_javascript_errors(crawl):
     assert "/" in crawl
     errors = {path: info["errors"] for path, info in crawl.items() if info["errors"]}
     assert not errors, f"JavaScript errors, console errors or failed loads: {errors}"
+
+
+def _copy_of_the_sources(dest):
+    """What `mkdocs build` reads, copied (the hooks find hvd_sched beside themselves; examples/ is only read)."""
+    for name in ("docs", "hvd_sched", "scripts"):
+        shutil.copytree(siteutil.ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(siteutil.ROOT / "mkdocs.yml", dest / "mkdocs.yml")
+    (dest / "examples").symlink_to(siteutil.ROOT / "examples")
+
+
+def _orphan_page(root):
+    (root / "docs" / "how-to" / "orphan.md").write_text("# A page the navigation does not list\n")
+    return "not included in the \"nav\" configuration"
+
+
+def _broken_anchor(root):
+    page = root / "docs" / "index.md"
+    page.write_text(page.read_text() + "\nSee [the guard](how-to/launching.md#no-such-heading).\n")
+    return "does not contain an anchor '#no-such-heading'"
+
+
+def _undocumented_name(root):
+    module = root / "hvd_sched" / "config.py"
+    source = module.read_text()
+    start = source.index('def linear_scaled_lr(')
+    body = source.index('"""', start)
+    end = source.index('"""', body + 3) + 3
+    module.write_text(source[:body] + "pass" + source[end:])
+    return "public names without a docstring"
+
+
+@pytest.mark.parametrize("fault", [_orphan_page, _broken_anchor, _undocumented_name],
+                         ids=["a page missing from the navigation", "a broken anchor", "a name without a docstring"])
+def test_the_strict_build_fails_on(fault, tmp_path):
+    """What `make docs` must refuse: each fault, put into a copy of the sources, stops the build with its reason."""
+    venv = siteutil.docs_venv()
+    if not (venv / "bin" / "mkdocs").exists():
+        pytest.skip(siteutil.NO_TOOLS)
+    _copy_of_the_sources(tmp_path)
+    reason = fault(tmp_path)
+    cmd = [str(venv / "bin" / "mkdocs"), "build", "--strict", "-f", str(tmp_path / "mkdocs.yml"),
+           "-d", str(tmp_path / "site")]
+    done = subprocess.run(cmd, cwd=tmp_path, env=dict(os.environ, NO_MKDOCS_2_WARNING="1"), capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode != 0 and reason in done.stdout + done.stderr, done.stdout + done.stderr
