@@ -66,7 +66,7 @@ def check_launcher(require_init=True):
 
     Examples:
         ```python
-        import horovod.tensorflow.keras as hvd, hvd_sched.keras
+        import hvd_sched.keras, horovod.tensorflow.keras as hvd   # hvd_sched.keras first
         hvd.init()
         hvd_sched.keras.check_launcher()   # LauncherMismatchError if mpirun -np 4 started 4 lone rank 0s
         ```

@@ -150,7 +150,7 @@ def build_optimizer(solver, model, *, world_size=None, steps_per_epoch=None, dia
 
     Examples:
         ```python
-        import horovod.tensorflow.keras as hvd, hvd_sched.keras
+        import hvd_sched.keras, horovod.tensorflow.keras as hvd   # hvd_sched.keras first
         hvd.init()
         opt = hvd_sched.keras.build_optimizer("examples/configs/e2e_faster_rcnn_R-50-FPN_1x.yaml", model,
                                               world_size=hvd.size())

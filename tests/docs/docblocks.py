@@ -32,8 +32,8 @@ DOCSTRING_MODULE = "hvd_sched.keras"
 
 #: What a page leaves to the reader, made small: digits, one Dense model, Horovod on one process.
 _DIGITS = """
-import numpy as np, tensorflow as tf, horovod.tensorflow.keras as hvd
 import hvd_sched, hvd_sched.keras
+import numpy as np, tensorflow as tf, horovod.tensorflow.keras as hvd
 from sklearn.datasets import load_digits
 hvd.init()
 _digits = load_digits()

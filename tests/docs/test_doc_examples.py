@@ -5,6 +5,7 @@ block runs in its own interpreter of the row's venv, in a temporary folder with 
 so a block's relative paths work as in the text and nothing is written into the tree.
 """
 
+import ast
 import doctest
 import os
 import pathlib
@@ -203,3 +204,32 @@ def test_the_reference_pages_examples_run(work):
     code, out, err = _run([sys.executable, "runner.py", "prelude.py", DOCSTRING_MODULE], work, timeout=600)
     assert code == 0, f"docstring examples failed:\n{out[-10000:]}\n{err[-3000:]}"
     assert int(re.search(r"examples run: (\d+)", out)[1]) >= 10, out
+
+
+def _docstring_blocks():
+    """(where, code) of every fenced Python block in hvd_sched's docstrings, read from the source."""
+    found = []
+    for path in sorted((ROOT / "hvd_sched").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node) or ""
+                found += [(f"{path.relative_to(ROOT)} ({getattr(node, 'name', 'module')})", code)
+                          for code in re.findall(r"```python\n(.*?)```", doc, re.S)]
+    return found
+
+
+@pytest.mark.keras_independent
+def test_every_example_imports_hvd_sched_before_horovods_keras_layer():
+    """On the tf2.21 row Horovod's Keras layer imported first holds Keras 3, and hvd_sched stops the script: every
+    example that imports `horovod.tensorflow.keras` imports hvd_sched.keras (or hvd_sched._compat) before it. The
+    examples run after a prelude that has imported it already, so the order is checked here, in the text."""
+    examples = [(b.id, b.text) for page in pages() for b in blocks(page) if b.lang in ("python", "pycon")]
+    examples += _docstring_blocks() + [(f"docblocks.PRELUDES[{name!r}]", code) for name, code in PRELUDES.items()]
+    assert len(examples) > 20, examples
+    for where, code in examples:
+        horovod = re.search(r"import[^\n]*\bhorovod\.tensorflow\.keras\b", code)
+        if horovod:
+            ours = re.search(r"import[^\n]*\bhvd_sched\.(keras|_compat)\b", code)
+            assert ours and ours.start() <= horovod.start() and (
+                ours.start() < horovod.start() or code.index("hvd_sched", ours.start()) < horovod.end()), \
+                f"{where}: imports horovod.tensorflow.keras before hvd_sched.keras:\n{code}"
