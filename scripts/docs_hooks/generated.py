@@ -10,7 +10,8 @@ time, by the Markdown of NAME:
 - ``bench-figures``: the benchmark figures (SVG, drawn from ``docs/bench/*.json`` by ``figures.py`` in
   ``on_files``) with a table of the same numbers, the data files and the commands that reproduce them.
 
-An unknown NAME fails the build. The generation is plain functions (no mkdocs import at module level), so that
+``on_files`` also draws the LR pictures of ``LR_PLOTS`` from their configs with ``hvd_sched.plot`` (what ``hvd-sched
+plot`` writes), so a changed config or plot changes the picture. An unknown NAME fails the build. The generation is plain functions (no mkdocs import at module level), so that
 ``tests/docs/test_generated.py`` can test it in the test environments, which have no mkdocs.
 """
 
@@ -26,6 +27,29 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 MARKER = re.compile(r"^[ \t]*<!--[ \t]*generated:[ \t]*(?P<name>\S+?)[ \t]*-->[ \t]*$")
 _FENCE = re.compile(r"^[ \t]*(`{3,}|~{3,})")
 CLI_COMMANDS = ((), ("show",), ("plot",), ("check",))
+
+
+#: The LR pictures of the pages: (site path, config, from_detectron's arguments, plot_schedule's arguments).
+LR_PLOTS = (
+    ("figures/lr_digits.png", "examples/configs/digits_warmup_steps.yaml",
+     {"world_size": 2, "steps_per_epoch": 22}, {"steps_per_epoch": 22}),
+    ("figures/lr_large_batch_constant_warmup.png",
+     "examples/configs/e2e_faster_rcnn_R-50-FPN_1x_large_batch_constant_warmup.yaml", {}, {"log_scale": True}),
+)
+
+
+def lr_plot_png(config, schedule_args, plot_args, root=ROOT):
+    """The PNG bytes of `hvd-sched plot` for one of LR_PLOTS (matplotlib, Agg)."""
+    import tempfile
+
+    import hvd_sched
+    from hvd_sched import plot
+
+    schedule = hvd_sched.from_detectron(str(pathlib.Path(root) / config), **schedule_args)
+    with tempfile.TemporaryDirectory() as folder:
+        path = pathlib.Path(folder) / "lr.png"
+        plot.plot_schedule(schedule, str(path), **plot_args)
+        return path.read_bytes()
 
 
 class UnknownMarker(ValueError):
@@ -255,6 +279,12 @@ def on_files(files, config):
         raise PluginError(f"generated.py: cannot draw the benchmark figures from docs/bench: {error!r}") from error
     for figure in _DRAWN:
         files.append(File.generated(config, figure.src_uri, content=figure.svg))
+    for src_uri, config_file, schedule_args, plot_args in LR_PLOTS:
+        try:
+            png = lr_plot_png(config_file, schedule_args, plot_args)
+        except (OSError, ValueError, TypeError) as error:
+            raise PluginError(f"generated.py: cannot plot {config_file}: {error!r}") from error
+        files.append(File.generated(config, src_uri, content=png))
     return files
 
 

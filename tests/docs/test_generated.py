@@ -184,3 +184,14 @@ def test_bench_figures_draw_as_svg():
         assert figure.src_uri == f"results/figures/{figure.kind}.svg"
     # Drawn twice, the same bytes: no date, fixed ids.
     assert generated.bench_figures(ROOT)[0].svg == drawn[0].svg
+
+
+def test_the_lr_pictures_are_drawn_from_their_configs():
+    """The pages' LR pictures are `hvd-sched plot` of examples/configs, drawn at build time (no PNG in the tree)."""
+    pytest.importorskip("matplotlib")
+    referenced = set(re.findall(r"\]\((?:\.\./)*(figures/lr_[\w.]+\.png)\)",
+                                "".join(p.read_text() for p in (ROOT / "docs").rglob("*.md"))))
+    assert referenced == {src for src, *_ in generated.LR_PLOTS}, referenced
+    for src, config, schedule_args, plot_args in generated.LR_PLOTS:
+        assert not (ROOT / "docs" / src).exists(), f"docs/{src} is drawn at build time; remove the copy"
+        assert generated.lr_plot_png(config, schedule_args, plot_args).startswith(b"\x89PNG"), src
