@@ -56,8 +56,8 @@ bench: install
 gpu-build-check:
 	env -u HVD_SCHED_STACK bash scripts/gpu_build_check.sh $(if $(filter file default,$(origin STACK)),,$(STACK))
 
-# The documentation site (mkdocs.yml): a virtual environment of its own (.venv-docs, python3 >= 3.11, the tools pinned in
-# scripts/docs-requirements.txt, hvd_sched itself without TensorFlow), then an offline build in strict mode into
+# The documentation site (mkdocs.yml): a virtual environment of its own (.venv-docs, made by python3 >= 3.11, the
+# tools pinned in scripts/docs-requirements.txt, hvd_sched itself without TensorFlow), then an offline build in strict mode into
 # build/site (ignored by git): a warning, a broken link or anchor, a page left out of the navigation or a public
 # name without a docstring fails it. Open build/site/index.html through a web server (`python -m http.server -d
 # build/site`): the search runs in a web worker, which browsers refuse to start from file:// pages.

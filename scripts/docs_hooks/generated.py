@@ -11,8 +11,9 @@ time, by the Markdown of NAME:
   ``on_files``) with a table of the same numbers, the data files and the commands that reproduce them.
 
 ``on_files`` also draws the LR pictures of ``LR_PLOTS`` from their configs with ``hvd_sched.plot`` (what ``hvd-sched
-plot`` writes), so a changed config or plot changes the picture. An unknown NAME fails the build. The generation is plain functions (no mkdocs import at module level), so that
-``tests/docs/test_generated.py`` can test it in the test environments, which have no mkdocs.
+plot`` writes), so a changed config or plot changes the picture. An unknown NAME fails the build. The generation
+is plain functions (no mkdocs import at module level), so that ``tests/docs/test_generated.py`` can test it in the
+test environments, which have no mkdocs.
 """
 
 import importlib.util

@@ -51,7 +51,8 @@ PRELUDES = {
     "resume": _DIGITS + """
 from hvd_sched.keras import horovod_callbacks
 model.compile(hvd_sched.keras.DistributedOptimizer(hvd_sched.keras.ScheduledOptimizer(
-    tf.keras.optimizers.SGD(momentum=0.9), hvd_sched.from_detectron("examples/configs/e2e_faster_rcnn_R-50-FPN_1x.yaml"))),
+    tf.keras.optimizers.SGD(momentum=0.9),
+    hvd_sched.from_detectron("examples/configs/e2e_faster_rcnn_R-50-FPN_1x.yaml"))),
     "sparse_categorical_crossentropy", jit_compile=False)
 steps, epochs, iter_size, batch = 10, 2, 1, 32
 def make_dataset(skip=0):

@@ -11,8 +11,8 @@ import os
 import pathlib
 import re
 import subprocess
-import unicodedata
 import sys
+import unicodedata
 
 import pytest
 import yaml
@@ -123,7 +123,8 @@ def test_block(block, work):
     else:
         for command, want in console_steps(block.text):
             argv = _console_command(command)
-            assert argv, f"{where}: `{command}` is not a command this test runs; mark the block <!-- test: skip ... -->"
+            assert argv, \
+                f"{where}: `{command}` is not a command this test runs; mark the block <!-- test: skip ... -->"
             code, out, err = _run(argv, work)
             got = _ranks_stdout(out) if argv[0].endswith("horovodrun") else out
             assert code == 0, f"{where}: `{command}` exited {code}\n{out[-4000:]}\n{err[-4000:]}"
@@ -136,7 +137,8 @@ def test_every_skip_names_a_reason_and_every_prelude_exists():
             assert block.lang in RUN_LANGS and len(block.arg.split()) >= 3, \
                 f"{block.id}: a skip names why the block cannot run here (and marks a block that would run)"
         if block.kind == "prelude":
-            assert block.arg in PRELUDES, f"{block.id}: no prelude {block.arg!r}; docblocks.PRELUDES has {sorted(PRELUDES)}"
+            assert block.arg in PRELUDES, \
+                f"{block.id}: no prelude {block.arg!r}; docblocks.PRELUDES has {sorted(PRELUDES)}"
 
 
 def test_the_site_has_examples_to_run():
