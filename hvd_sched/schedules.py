@@ -133,6 +133,9 @@ class Schedule:
         Plain Keras, LR only (`hvd_sched.keras.ScheduledOptimizer` adds the momentum correction and Horovod):
 
         ```python
+        s = hvd_sched.Schedule(base_lr=0.02, lr_policy="steps_with_decay", steps=[0, 60, 80], max_iter=90,
+                               warm_up_iters=0)
+        model.compile(tf.keras.optimizers.SGD(learning_rate=0.02, momentum=0.9), "sparse_categorical_crossentropy")
         set_lr = tf.keras.callbacks.LambdaCallback(on_train_batch_begin=lambda batch, logs: model.optimizer
                                                    .learning_rate.assign(s.lr_at(int(model.optimizer.iterations))))
         model.fit(x, y, epochs=12, callbacks=[set_lr])

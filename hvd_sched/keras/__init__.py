@@ -25,7 +25,8 @@ Examples:
     import tensorflow as tf, horovod.tensorflow.keras as hvd
     from hvd_sched.keras import DistributedOptimizer, ScheduledOptimizer, horovod_callbacks
     hvd.init()
-    schedule = hvd_sched.from_detectron("examples/configs/digits_warmup_steps.yaml")
+    schedule = hvd_sched.from_detectron("examples/configs/digits_warmup_steps.yaml", world_size=hvd.size(),
+                                        steps_per_epoch=22)
     opt = DistributedOptimizer(ScheduledOptimizer(tf.keras.optimizers.SGD(momentum=0.9), schedule))
     model.compile(opt, "sparse_categorical_crossentropy", metrics=["accuracy"], jit_compile=False)
     model.fit(x, y, epochs=8, callbacks=horovod_callbacks())
