@@ -19,6 +19,7 @@ An HTML comment on the line before the fence changes that, and says why:
 Other languages (``bash``, ``text``) are shown, not run.
 """
 
+import ast
 import pathlib
 import re
 
@@ -26,9 +27,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 _FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+)(?P<lang>[\w-]*)[^\n]*$")
 _MARK = re.compile(r"^\s*<!-- test: (?P<kind>skip|prelude) (?P<arg>.+?) -->\s*$")
 RUN_LANGS = ("python", "pycon", "console", "yaml")
-#: The public names whose docstrings hold examples: hvd_sched's are doctests (test_docstrings.py), these are
-#: fenced blocks run by test_doc_examples.py with the prelude "docstrings".
-DOCSTRING_MODULE = "hvd_sched.keras"
 
 #: What a page leaves to the reader, made small: digits, one Dense model, Horovod on one process.
 _DIGITS = """
@@ -44,33 +42,30 @@ model = tf.keras.Sequential([tf.keras.Input((64,)), tf.keras.layers.Dense(32, ac
                              tf.keras.layers.Dense(10, activation="softmax")])
 """
 
-PRELUDES = {
-    # the ten lines of `model.fit`: a model and this rank's shard of the data
-    "fit": _DIGITS,
-    # "In your own script" (preemption): a seeded data stream that skips the micro-batches already used
-    "resume": _DIGITS + """
+#: The model compiled with a scheduled optimizer, and a seeded data stream that skips the micro-batches used.
+_COMPILED_AND_STREAM = """
 from hvd_sched.keras import horovod_callbacks
-model.compile(hvd_sched.keras.DistributedOptimizer(hvd_sched.keras.ScheduledOptimizer(
-    tf.keras.optimizers.SGD(momentum=0.9),
-    hvd_sched.from_detectron("examples/configs/e2e_faster_rcnn_R-50-FPN_1x.yaml"))),
-    "sparse_categorical_crossentropy", jit_compile=False)
-steps, epochs, iter_size, batch = 10, 2, 1, 32
-def make_dataset(skip=0):
-    data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=1).repeat().batch(batch)
-    return data.skip(skip)
-""",
-    # the examples in hvd_sched.keras' docstrings (the reference pages), run one after another on these names
-    "docstrings": _DIGITS + """
-from hvd_sched.keras import (horovod_callbacks, ScheduleCallback, ScheduleLR, EpochCheckpoint, LearningRateLogger)
 schedule = hvd_sched.from_detectron("examples/configs/e2e_faster_rcnn_R-50-FPN_1x.yaml")
-sgd = tf.keras.optimizers.SGD(momentum=0.9)
 model.compile(hvd_sched.keras.DistributedOptimizer(hvd_sched.keras.ScheduledOptimizer(
     tf.keras.optimizers.SGD(momentum=0.9), schedule)), "sparse_categorical_crossentropy", jit_compile=False)
-model.save("runs/model.keras")
-steps = steps_per_epoch = 22
 def make_dataset(skip=0):
     data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=1).repeat().batch(32)
     return data.skip(skip)
+"""
+
+PRELUDES = {
+    # the ten lines of `model.fit`: a model and this rank's shard of the data
+    "fit": _DIGITS,
+    # "In your own script" (preemption): the stream, the steps per epoch, the epochs, the micro-batches per update
+    "resume": _DIGITS + _COMPILED_AND_STREAM + """
+steps, epochs, iter_size = 10, 2, 1
+""",
+    # the examples in hvd_sched's docstrings (the reference pages), run one after another on these names
+    "docstrings": _DIGITS + _COMPILED_AND_STREAM + """
+from hvd_sched.keras import ScheduleCallback, ScheduleLR, EpochCheckpoint, LearningRateLogger
+sgd = tf.keras.optimizers.SGD(momentum=0.9)
+model.save("runs/model.keras")
+steps = steps_per_epoch = 22
 callbacks = horovod_callbacks()
 """,
     # "Large batches": a SOLVER with ITER_SIZE 2, the micro-batch size and the updates per epoch
@@ -132,3 +127,16 @@ def console_steps(text):
         elif line.strip():
             raise ValueError(f"console block: output before the first `$ ` line: {line!r}")
     return [(command, "\n".join(out).rstrip("\n") + "\n" if out else "") for command, out in steps]
+
+
+def docstring_blocks():
+    """(where, code) of every fenced Python block in hvd_sched's docstrings, read from the source (the reference
+    pages render them; the pure modules' `>>>` examples are doctests, run by test_docstrings.py)."""
+    found = []
+    for path in sorted((ROOT / "hvd_sched").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                doc = ast.get_docstring(node) or ""
+                found += [(f"{path.relative_to(ROOT)} ({getattr(node, 'name', 'module')})", code)
+                          for code in re.findall(r"```python\n(.*?)```", doc, re.S)]
+    return found

@@ -33,11 +33,12 @@ def docs_venv():
     return pathlib.Path(os.environ.get("HVD_SCHED_DOCS_VENV") or ROOT / ".venv-docs")
 
 
-def build_site(venv, dest, timeout=600):
-    """`mkdocs build --strict` of the repository's mkdocs.yml into dest -> the CompletedProcess (output as text)."""
-    cmd = [str(venv / "bin" / "mkdocs"), "build", "--strict", "-f", str(ROOT / "mkdocs.yml"), "-d", str(dest)]
+def build_site(venv, dest, root=ROOT, timeout=600):
+    """`mkdocs build --strict` of root's mkdocs.yml (the repository's, or a copy) into dest -> the CompletedProcess
+    (output as text)."""
+    cmd = [str(venv / "bin" / "mkdocs"), "build", "--strict", "-f", str(root / "mkdocs.yml"), "-d", str(dest)]
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def built_pages(site):

@@ -5,12 +5,11 @@ block runs in its own interpreter of the row's venv, in a temporary folder with 
 so a block's relative paths work as in the text and nothing is written into the tree.
 """
 
-import ast
 import doctest
+import json
 import os
 import pathlib
 import re
-import subprocess
 import sys
 import unicodedata
 
@@ -18,7 +17,8 @@ import pytest
 import yaml
 
 import hvd_sched
-from docblocks import PRELUDES, ROOT, RUN_LANGS, blocks, console_steps, pages
+from docblocks import PRELUDES, ROOT, RUN_LANGS, blocks, console_steps, docstring_blocks, pages
+from launch import run_command
 
 BIN = pathlib.Path(sys.executable).parent
 _PURE = re.compile(r"tensorflow|hvd_sched\.keras|horovod|keras")
@@ -58,14 +58,10 @@ def work(tmp_path):
     return tmp_path
 
 
-def _env():
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-                TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1", TF_NUM_INTRAOP_THREADS="1",
-                TF_NUM_INTEROP_THREADS="1", OMP_NUM_THREADS="1", PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
-
-
 def _run(command, cwd, timeout=300):
-    proc = subprocess.run(command, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout)
+    """launch.run_command (the ranks' environment; the whole process group killed on a timeout), the venv's
+    programs first on PATH -> (exit status, stdout, stderr)."""
+    proc = run_command(command, cwd, {"PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}, timeout)
     return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -171,53 +167,32 @@ def test_the_readmes_links_reach_pages_and_anchors():
 
 
 _DOCSTRING_RUNNER = """
-import inspect, os, re, sys, textwrap, traceback
+import json, os, sys, textwrap, traceback
 os.makedirs("runs", exist_ok=True)
 base = {"__name__": "__main__"}
 exec(open(sys.argv[1]).read(), base)
-module = sys.modules[sys.argv[2]]
-examples = []
-for name in module.__all__:
-    obj = getattr(module, name)
-    docs = [(name, inspect.getdoc(obj) or "")]
-    if inspect.isclass(obj):
-        docs += [(f"{name}.{m}", inspect.getdoc(getattr(obj, m)) or "") for m in vars(obj)
-                 if not m.startswith("_") and callable(getattr(obj, m, None))]
-    for where, doc in docs:
-        examples += [(where, textwrap.dedent(code)) for code in re.findall(r"```python\\n(.*?)```", doc, re.S)]
 failed = []
-for where, code in examples:
+for where, code in json.loads(open(sys.argv[2]).read()):
+    code = textwrap.dedent(code)
     try:
         exec(compile(code, where, "exec"), dict(base))
     except BaseException:
         failed.append(where + ":\\n" + code + traceback.format_exc(limit=-3))
-print(f"examples run: {len(examples)}")
 print("\\n".join(failed))
 sys.exit(1 if failed else 0)
 """
 
 
 def test_the_reference_pages_examples_run(work):
-    """The fenced examples of hvd_sched.keras' docstrings, which the reference pages render, run one after another
-    on the prelude's model and data (the pure modules' doctests: test_docstrings.py)."""
-    from docblocks import DOCSTRING_MODULE
+    """The fenced examples of hvd_sched's docstrings, which the reference pages render, run one after another on
+    the prelude's model and data (the pure modules' doctests: test_docstrings.py)."""
+    examples = docstring_blocks()
+    assert len(examples) >= 10, examples
     (work / "runner.py").write_text(_DOCSTRING_RUNNER)
     (work / "prelude.py").write_text(PRELUDES["docstrings"])
-    code, out, err = _run([sys.executable, "runner.py", "prelude.py", DOCSTRING_MODULE], work, timeout=600)
+    (work / "examples.json").write_text(json.dumps(examples))
+    code, out, err = _run([sys.executable, "runner.py", "prelude.py", "examples.json"], work, timeout=600)
     assert code == 0, f"docstring examples failed:\n{out[-10000:]}\n{err[-3000:]}"
-    assert int(re.search(r"examples run: (\d+)", out)[1]) >= 10, out
-
-
-def _docstring_blocks():
-    """(where, code) of every fenced Python block in hvd_sched's docstrings, read from the source."""
-    found = []
-    for path in sorted((ROOT / "hvd_sched").rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-                doc = ast.get_docstring(node) or ""
-                found += [(f"{path.relative_to(ROOT)} ({getattr(node, 'name', 'module')})", code)
-                          for code in re.findall(r"```python\n(.*?)```", doc, re.S)]
-    return found
 
 
 @pytest.mark.keras_independent
@@ -226,7 +201,7 @@ def test_every_example_imports_hvd_sched_before_horovods_keras_layer():
     example that imports `horovod.tensorflow.keras` imports hvd_sched.keras (or hvd_sched._compat) before it. The
     examples run after a prelude that has imported it already, so the order is checked here, in the text."""
     examples = [(b.id, b.text) for page in pages() for b in blocks(page) if b.lang in ("python", "pycon")]
-    examples += _docstring_blocks() + [(f"docblocks.PRELUDES[{name!r}]", code) for name, code in PRELUDES.items()]
+    examples += docstring_blocks() + [(f"docblocks.PRELUDES[{name!r}]", code) for name, code in PRELUDES.items()]
     assert len(examples) > 20, examples
     for where, code in examples:
         horovod = re.search(r"import[^\n]*\bhorovod\.tensorflow\.keras\b", code)
