@@ -3,7 +3,7 @@
 A line ``<!-- generated: NAME -->`` (alone on its line, outside code blocks) in any page is replaced, at build
 time, by the Markdown of NAME:
 
-- ``versions``: the support matrix, from ``scripts/versions.env`` read as ``scripts/stack.sh`` reads it.
+- ``versions``: the support matrix, each row's pins from ``scripts/versions.env`` as ``scripts/stack.sh`` resolves them.
 - ``cli-help``: ``hvd-sched --help`` and each subcommand's ``--help``, as the program prints them.
 - ``solver-keys``: every SOLVER key of each dialect with its default (``hvd_sched.dialects``), the meaning from
   ``Schedule``'s docstring, and why a key has no effect (``hvd_sched.dialects.NO_EFFECT``).
@@ -59,36 +59,22 @@ class UnknownMarker(ValueError):
 
 # --- versions ---------------------------------------------------------------------------------------------------
 
-def read_versions_env(path):
-    """``scripts/versions.env`` as a dict: plain ``NAME=value`` lines, comments and quotes stripped."""
-    values = {}
-    for line in pathlib.Path(path).read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line:
-            key, _, value = line.partition("=")
-            values[key.strip()] = value.strip().strip("\"'")
-    return values
+#: The pins the table shows, as `load_stack` of scripts/stack.sh sets them for a row.
+_TABLE_PINS = ("PYTHON_VERSION", "TENSORFLOW_CPU_VERSION", "TF_KERAS_VERSION", "KERAS_VERSION", "LEGACY_KERAS",
+               "HOROVOD_VERSION", "OPENMPI_VERSION", "NUMPY_SPEC", "HOROVOD_NO_XLA")
+_ROW_PINS = '. "$1/scripts/stack.sh" && load_stack "$2" && for v in "${@:3}"; do printf "%s=%s\\n" "$v" "${!v}"; done'
 
 
-def stack_vars(stack_sh):
-    """The pins a row may override: ``STACK_VARS`` of ``scripts/stack.sh``."""
-    match = re.search(r'^STACK_VARS="([^"]*)"', pathlib.Path(stack_sh).read_text(), re.MULTILINE)
-    if not match:
-        raise ValueError(f"{stack_sh}: no STACK_VARS=\"...\" line")
-    return match.group(1).split()
+def stack_rows(root=ROOT):
+    """``[(row, pins)]`` in STACKS order, each row's pins resolved by scripts/stack.sh itself (its `load_stack`:
+    the default row's unprefixed names, another row's ``STACK_<row>_<VAR>`` overrides), not by a second parser."""
+    def bash(*args):
+        return subprocess.run(["bash", *args], capture_output=True, text=True, check=True).stdout
 
-
-def stack_rows(env, overridable):
-    """``[(row, pins)]`` in STACKS order: the default row's pins are the unprefixed names; another row's
-    ``STACK_<row with . and - as _>_<VAR>`` replace those of ``overridable`` (as ``load_stack`` does)."""
-    names = env["STACKS"].split()
     rows = []
-    for index, name in enumerate(names):
-        pins = {key: value for key, value in env.items() if not key.startswith("STACK")}
-        if index:
-            suffix = re.sub(r"[.-]", "_", name)
-            pins.update({var: env[f"STACK_{suffix}_{var}"] for var in overridable if f"STACK_{suffix}_{var}" in env})
-        rows.append((name, pins))
+    for name in bash(str(pathlib.Path(root) / "scripts" / "stack.sh"), "--list").split():
+        out = bash("-c", _ROW_PINS, "stack", str(root), name, *_TABLE_PINS)
+        rows.append((name, dict(line.split("=", 1) for line in out.splitlines())))
     return rows
 
 
@@ -102,8 +88,7 @@ def _tf_keras(pins):
 
 def versions_markdown(root=ROOT):
     """The support-matrix table, one line per row of ``scripts/versions.env``."""
-    env = read_versions_env(root / "scripts" / "versions.env")
-    rows = stack_rows(env, stack_vars(root / "scripts" / "stack.sh"))
+    rows = stack_rows(root)
     lines = ["| row | Python | TensorFlow | `tf.keras` is | Horovod | Open MPI | numpy | Horovod without its XLA ops |",
              "|---|---|---|---|---|---|---|---|"]
     for index, (name, pins) in enumerate(rows):
