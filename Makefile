@@ -30,7 +30,7 @@ else
 unexport TF_USE_LEGACY_KERAS
 endif
 
-.PHONY: install demo test bench clean gpu-build-check docs
+.PHONY: install demo test bench clean gpu-build-check docs ci
 
 install: $(STAMP)
 
@@ -42,8 +42,10 @@ demo: install
 	$(HOROVODRUN) -np $(NP) -H localhost:$(NP) --gloo \
 	  $(PY) examples/train_keras.py --config examples/configs/digits_warmup_steps.yaml --epochs 8 --out runs/demo
 
+# Two phases (scripts/test.sh): the in-process tests under pytest-xdist (TEST_WORKERS, default 2), then the
+# multi-rank ones one at a time; the rows each test runs on are tests/rows.py's rule (HVD_SCHED_ALL_ROWS=1: all).
 test: install
-	$(PY) -m pytest tests $(if $(TEST_MARKS),-m "$(TEST_MARKS)") $(PYTEST_ARGS)
+	TEST_MARKS='$(TEST_MARKS)' bash scripts/test.sh $(PY) $(PYTEST_ARGS)
 
 bench: install
 	$(PY) bench/overhead.py --quick
@@ -76,3 +78,13 @@ docs: $(DOCS_STAMP)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache build/site
+
+# What CI runs, rehearsed: a clean clone of HEAD (committed work only) in a temporary folder, `CI=true bash .ci/run`
+# there (its summary is CI's), the clone removed after. The Horovod wheels, the GPU root and pip's cache are shared
+# with this checkout (HVD_SCHED_CACHE, ~/.cache/pip); the variables this Makefile exports are taken out, as CI has
+# none of them.
+ci:
+	@git diff --quiet HEAD -- || echo "make ci: WARNING: uncommitted changes are not in the rehearsal (it clones HEAD)"
+	@d=$$(mktemp -d "$${TMPDIR:-/tmp}/hvd_sched-ci.XXXXXX") && git clone -q . "$$d/clone" && cd "$$d/clone" && \
+	  { env -u HVD_SCHED_STACK -u TF_USE_LEGACY_KERAS -u PYTHONUNBUFFERED -u TF_CPP_MIN_LOG_LEVEL CI=true \
+	    bash .ci/run; rc=$$?; cd /; rm -rf "$$d"; exit $$rc; }

@@ -15,6 +15,14 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
+#: The output files of the current test's launches (tests/conftest.py shows their tails when the test fails or
+#: times out, and clears the list before each test).
+OUTPUTS = []
+
+
+def register_output(*paths):
+    """Show these files' tails if the current test fails (a launch's stdout and stderr)."""
+    OUTPUTS.extend(str(path) for path in paths)
 
 
 def rank_env(out_dir, extra=None):
@@ -69,6 +77,7 @@ def run_dropping_when_held(cmd, out_dir, env, drop, hold_at, reach_timeout, fini
     """
     progress = out_dir / "progress"
     stdout_path, stderr_path = out_dir / "stdout.txt", out_dir / "stderr.txt"
+    register_output(stdout_path, stderr_path)
     with open(stdout_path, "w") as out, open(stderr_path, "w") as err:
         proc = subprocess.Popen(cmd, env=env, cwd=str(out_dir), stdout=out, stderr=err, start_new_session=True)
         try:
@@ -88,6 +97,18 @@ def run_dropping_when_held(cmd, out_dir, env, drop, hold_at, reach_timeout, fini
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
     return returncode, held_at, stdout_path.read_text(), stderr_path.read_text()
+
+
+#: The demo's first line and each rank's last (`make demo`: examples/train_keras.py, digits_warmup_steps.yaml, 8 epochs).
+DEMO_HEADER = "hvd_sched example: 2 ranks, 718 samples and 22 steps per epoch per rank"
+DEMO_FINAL = re.compile(r"rank (\d+): final val accuracy ([0-9.]+) \(360 samples, iteration (\d+)\)")
+
+
+def check_demo_output(output):
+    """The demo's header, and both ranks' final line: 0.9694 at iteration 176, whatever launched it."""
+    assert DEMO_HEADER in output, output[-4000:]
+    finals = {int(rank): (float(acc), int(it)) for rank, acc, it in DEMO_FINAL.findall(output)}
+    assert finals == {0: (0.9694, 176), 1: (0.9694, 176)}, output[-4000:]
 
 
 def mpi_env():
@@ -132,6 +153,7 @@ def run_command(cmd, cwd, env_extra=None, timeout=300):
     CompletedProcess (stdout and stderr as text, also kept in cwd/stdout.txt and stderr.txt). A timeout raises
     RankFailure with the output so far."""
     stdout_path, stderr_path = pathlib.Path(cwd) / "stdout.txt", pathlib.Path(cwd) / "stderr.txt"
+    register_output(stdout_path, stderr_path)
     with open(stdout_path, "w") as out, open(stderr_path, "w") as err:
         # A new session, so a hang kills the launcher *and* every rank it started.
         proc = subprocess.Popen(cmd, env=rank_env(cwd, env_extra), cwd=str(cwd), stdout=out, stderr=err, text=True,

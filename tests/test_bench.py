@@ -68,6 +68,7 @@ def _check_machine(machine):
     assert len(machine["git"]["commit"]) == 40
 
 
+@pytest.mark.timeout(600)  # measured 40-80 s on 2 cores (its fixtures' runs included)
 @pytest.mark.slow
 @pytest.mark.multirank
 def test_overhead_quick_reports_ratios_and_equal_communication(tmp_path):
@@ -182,6 +183,7 @@ def test_conv_net_quick_reports_a_realistic_step(tmp_path):
         assert {it for it, _ in raw["momentum_corrections"]} >= {3, 4}  # the two decays (and the short warmup)
 
 
+@pytest.mark.timeout(600)  # measured 40-80 s on 2 cores (its fixtures' runs included)
 @pytest.mark.slow
 @pytest.mark.multirank
 def test_accumulation_quick_reports_the_cost_per_update(tmp_path):
@@ -229,6 +231,7 @@ def test_accumulation_quick_reports_the_cost_per_update(tmp_path):
     assert table.count("| mlp_k2 (/ mlp_k1) |") == 4 and "median ms/update" in table  # 1 and 2 ranks, wall and CPU
 
 
+@pytest.mark.timeout(600)  # measured 40-80 s on 2 cores (its fixtures' runs included)
 @pytest.mark.slow
 @pytest.mark.multirank
 def test_preemption_quick_reports_step_cost_save_and_stop_times(tmp_path):

@@ -21,6 +21,8 @@ import tomllib
 import pytest
 from packaging.requirements import Requirement
 
+import rows
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 DOCKERFILES = {"gpu": ROOT / "docker" / "Dockerfile", "cpu": ROOT / "docker" / "Dockerfile.cpu"}
 PINNED = ("PYTHON_VERSION", "TENSORFLOW_VERSION", "HOROVOD_VERSION")
@@ -336,6 +338,7 @@ def test_dockerfiles_run_horovodrun_from_the_repository(kind):
 
 @pytest.mark.parametrize("dist, key", [("tensorflow-cpu", "TENSORFLOW_CPU_VERSION"), ("horovod", "HOROVOD_VERSION"),
                                        ("tf-keras", "TF_KERAS_VERSION"), ("keras", "KERAS_VERSION")])
+@pytest.mark.depends_on(*rows.STACK)  # each row's own installed packages
 def test_installed_packages_match_the_pins(dist, key):
     row = _row(_running_stack())
     try:

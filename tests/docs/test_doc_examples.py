@@ -19,6 +19,7 @@ import yaml
 import hvd_sched
 from docblocks import PRELUDES, ROOT, RUN_LANGS, blocks, console_steps, docstring_blocks, pages
 from launch import run_command
+import rows
 
 BIN = pathlib.Path(sys.executable).parent
 _PURE = re.compile(r"tensorflow|hvd_sched\.keras|horovod|keras")
@@ -46,7 +47,9 @@ def _params():
     params = []
     for block in _all_blocks():
         needs_keras = _PURE.search(block.text + PRELUDES.get(block.arg or "", "")) or block.kind == "prelude"
-        marks = [] if needs_keras else [pytest.mark.keras_independent]
+        marks = [] if needs_keras else [pytest.mark.depends_on(*rows.PURE)]
+        if block.lang == "console" and "horovodrun" in block.text:
+            marks.append(pytest.mark.multirank)  # the serial phase: a 2-rank job takes both cores
         params.append(pytest.param(block, id=block.id, marks=marks))
     return params
 
@@ -149,7 +152,7 @@ def _slug(heading):
     return re.sub(r"[-\s]+", "-", re.sub(r"[^\w\s-]", "", text).strip().lower())
 
 
-@pytest.mark.keras_independent
+@pytest.mark.depends_on(*rows.LAUNCHER)  # the files only
 def test_the_readmes_links_reach_pages_and_anchors():
     """The site's build checks its own links (strict); the README is outside it, so its links are checked here."""
     text = (ROOT / "README.md").read_text()
@@ -195,7 +198,7 @@ def test_the_reference_pages_examples_run(work):
     assert code == 0, f"docstring examples failed:\n{out[-10000:]}\n{err[-3000:]}"
 
 
-@pytest.mark.keras_independent
+@pytest.mark.depends_on(*rows.LAUNCHER)  # the files only
 def test_every_example_imports_hvd_sched_before_horovods_keras_layer():
     """On the tf2.21 row Horovod's Keras layer imported first holds Keras 3, and hvd_sched stops the script: every
     example that imports `horovod.tensorflow.keras` imports hvd_sched.keras (or hvd_sched._compat) before it. The

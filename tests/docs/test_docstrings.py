@@ -17,6 +17,7 @@ import re
 import pytest
 
 import hvd_sched
+import rows
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGE_DIR = ROOT / "hvd_sched"
@@ -101,7 +102,7 @@ def _problems(module_name):
     return problems
 
 
-@pytest.mark.keras_independent
+@pytest.mark.depends_on(*rows.PURE)
 def test_pure_public_names_have_google_style_docstrings():
     assert _problems("hvd_sched") == []
 
@@ -116,7 +117,7 @@ def _pure_modules():
     names = ["hvd_sched"] + [f"hvd_sched.{info.name}" for info in pkgutil.iter_modules(hvd_sched.__path__)
                              if info.name != "keras"]
     return [pytest.param(name, id=name,
-                         marks=[] if name == "hvd_sched._compat" else [pytest.mark.keras_independent])
+                         marks=[] if name == "hvd_sched._compat" else [pytest.mark.depends_on(*rows.PURE)])
             for name in names]
 
 

@@ -20,7 +20,6 @@ import pytest
 import hvd_sched
 from hvd_sched import dialects
 
-pytestmark = pytest.mark.keras_independent  # numpy, PyYAML and the files only
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 HOOKS = ROOT / "scripts" / "docs_hooks"

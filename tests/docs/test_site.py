@@ -15,7 +15,6 @@ import pytest
 
 import siteutil
 
-pytestmark = pytest.mark.keras_independent
 
 #: What a rendered page shows: its title, Material's header and navigation, the article, and the links a reader
 #: sees (on a 1400x1000 window: the tabs, the current tab's sidebar, the article's links).

@@ -12,6 +12,7 @@ import tensorflow as tf
 from hypothesis import HealthCheck, given, settings
 
 import hvd_sched
+import rows
 from detectron_scalar import reference_walk, valid_solvers, walk_stop
 from hvd_sched import Schedule, momentum
 from hvd_sched.keras import ScheduleLR, ScheduledOptimizer
@@ -99,14 +100,14 @@ def _check(schedule, start, count, every_form=True):
     assert [it for it, _ in schedule.momentum_corrections(start + count, start)] == corrected.tolist()
 
 
-@pytest.mark.keras_independent
+@pytest.mark.depends_on(*rows.TF_OPS)
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_graph_lr_and_factor_equal_numpy_on_the_first_iterations(name):
     _check(Schedule(**CONFIGS[name]), 0, 30000)
 
 
 @pytest.mark.slow
-@pytest.mark.keras_independent
+@pytest.mark.depends_on(*rows.TF_OPS)
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_graph_lr_and_factor_equal_numpy_at_every_iteration_of_a_million(name):
     schedule = Schedule(**CONFIGS[name])
@@ -121,7 +122,7 @@ def test_graph_lr_and_factor_equal_numpy_at_every_iteration_of_a_million(name):
     ("poly", dict(power=2.0)),
     ("cosine_decay", dict(max_iter=2 * 10**8)),
 ])
-@pytest.mark.keras_independent
+@pytest.mark.depends_on(*rows.TF_OPS)
 def test_graph_lr_equals_numpy_at_samples_up_to_1e9(policy, extra):
     config = {"lr_policy": policy, "base_lr": 0.1, "max_iter": 10**9, "warm_up_iters": 10**6, **extra}
     schedule = Schedule(**config)

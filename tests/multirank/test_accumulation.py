@@ -18,8 +18,11 @@ from launch import horovodrun_cmd, run_and_collect
 from rankutil import make_regression
 from reference import caffe2_group, detectron_corrections, detectron_lr, mlp_grads, train_caffe2_sgd
 from stackutil import KERAS_MAJOR
+import rows
 
-pytestmark = pytest.mark.multirank
+# One Keras 2 row and the Keras 3 row (tests/rows.py):
+# Keras 3 counts iterations and accumulates natively (gradient_accumulation_steps).
+pytestmark = [pytest.mark.multirank, pytest.mark.depends_on(*rows.KERAS_PATH)]
 
 JOB = pathlib.Path(__file__).with_name("accumulation_job.py")
 GLOBAL, UPDATES, EPOCHS = 32, 4, 4

@@ -12,8 +12,11 @@ from launch import RankFailure
 from rankutil import make_regression
 from reference import detectron_corrections, detectron_lr, mlp_grads, train_caffe2_sgd
 from stackutil import KERAS_MAJOR
+import rows
 
-pytestmark = pytest.mark.multirank
+# One Keras 2 row and the Keras 3 row (tests/rows.py):
+# Keras 3: hvd_sched's own allreduce, loss-scale agreement and wrapper refusal.
+pytestmark = [pytest.mark.multirank, pytest.mark.depends_on(*rows.KERAS_PATH)]
 
 JOB = pathlib.Path(__file__).with_name("distributed_job.py").read_text()
 SOLVER = {"BASE_LR": 0.2, "LR_POLICY": "steps_with_decay", "GAMMA": 0.1, "STEPS": [0, 6, 9], "MAX_ITER": 12,

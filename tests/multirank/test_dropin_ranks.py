@@ -12,6 +12,7 @@ import pytest
 from rankutil import make_regression
 from reference import detectron_corrections, detectron_lr, train_detectron_sgd
 from stackutil import KERAS_MAJOR
+import rows
 
 pytestmark = pytest.mark.multirank
 
@@ -53,6 +54,7 @@ def _reference(initial):
                                detectron_corrections(30, SOLVER), 0.9, multipliers=[1.0, 2.0, 1.0, 2.0])
 
 
+@pytest.mark.depends_on(*rows.KERAS_PATH)  # Keras 3 saves and restores by its own path
 def test_load_model_resumes_two_ranks_from_every_format_exactly(run_ranks, tmp_path):
     full = run_ranks(JOB, np=2, args=["train", tmp_path])
     resumed = run_ranks(JOB, np=2, args=["resume", tmp_path], timeout=360)

@@ -13,8 +13,11 @@ import numpy as np
 import pytest
 
 from launch import rank_env, run_dropping_when_held
+import rows
 
-pytestmark = pytest.mark.multirank
+# One Keras 2 row and the Keras 3 row (tests/rows.py):
+# ElasticLRScaler rescales Keras 2's and Keras 3's slots by different paths.
+pytestmark = [pytest.mark.multirank, pytest.mark.depends_on(*rows.KERAS_PATH)]
 
 JOB = pathlib.Path(__file__).with_name("elastic_job.py")
 

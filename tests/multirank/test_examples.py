@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from launch import horovodrun_cmd
+from launch import check_demo_output, horovodrun_cmd
 
 pytestmark = pytest.mark.multirank
 
@@ -50,9 +50,11 @@ def checkpoints(out):
 
 
 def test_demo_reaches_good_accuracy_and_resume_continues_exactly(tmp_path):
+    """Also the `horovodrun --gloo` case of tests/multirank/test_launchers.py (the same job, launched once)."""
     demo_out = tmp_path / "demo"
     stdout, finals, demo = train(demo_out, "--config", DEMO, "--epochs", 8)
     assert finals[0] > 0.9
+    check_demo_output(stdout)
     lrs = [float(lr) for lr in re.findall(r"epoch \d+/8  lr (?:[0-9.e-]+ -> )?([0-9.e-]+)", stdout)]
     assert lrs == pytest.approx([0.0970, 0.1, 0.1, 0.1, 0.1, 0.01, 0.01, 0.001], rel=1e-3)  # 2 ranks: 2 x 0.05
     assert "momentum correction at iteration 110" in stdout and "momentum correction at iteration 154" in stdout

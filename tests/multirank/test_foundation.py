@@ -7,7 +7,10 @@ training on the full batches (DistributedOptimizer averages the gradients of equ
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.multirank
+import rows
+
+# One Keras 2 row and the Keras 3 row (tests/rows.py): broadcast and averaged gradients: hvd_sched's own on Keras 3.
+pytestmark = [pytest.mark.multirank, pytest.mark.depends_on(*rows.KERAS_PATH)]
 
 COMMON = """
 import os, numpy as np, tensorflow as tf

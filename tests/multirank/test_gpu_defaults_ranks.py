@@ -24,8 +24,11 @@ import numpy as np
 import pytest
 
 from launch import horovodrun_cmd, run_and_collect
+import rows
 
-pytestmark = pytest.mark.multirank
+# One Keras 2 row and the Keras 3 row (tests/rows.py):
+# Keras 3: its loss scaling and hvd_sched's skip agreement across ranks.
+pytestmark = [pytest.mark.multirank, pytest.mark.depends_on(*rows.KERAS_PATH)]
 
 JOB = pathlib.Path(__file__).with_name("gpu_defaults_job.py").read_text()
 

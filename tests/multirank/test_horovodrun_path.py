@@ -14,8 +14,8 @@ import pytest
 
 from launch import horovodrun_mpi_cmd, mpi_env, mpi_missing, run_command
 
-# The script patch and PATH are the same on every row: keras3 leaves it to tf2.21 (same Python and Horovod wheel).
-pytestmark = [pytest.mark.multirank, pytest.mark.keras_independent]
+# The script patch depends on the Python (its console-script template) and the Horovod build, not on Keras.
+pytestmark = [pytest.mark.multirank, pytest.mark.depends_on("python", "horovod")]
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "train_keras.py"

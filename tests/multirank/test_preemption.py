@@ -23,7 +23,8 @@ import time
 import pytest
 
 from launch import (STOPPED, assert_same_final_checkpoint, horovodrun_cmd, latest_meta, mpi_env, mpi_missing,
-                    mpirun_cmd, rank_env, run_and_collect)
+                    mpirun_cmd, rank_env, register_output, run_and_collect)
+import rows
 
 pytestmark = pytest.mark.multirank
 
@@ -54,6 +55,7 @@ def _stop_when(cmd, out, deliver, ask_at=ASK_AT, extra=None, timeout=180):
     stdout, stderr, the iteration seen when the stop was asked)."""
     env = dict(_env(), **(extra or {}))
     stdout_path, stderr_path = out.with_suffix(".stdout"), out.with_suffix(".stderr")
+    register_output(stdout_path, stderr_path)
     with open(stdout_path, "w") as so, open(stderr_path, "w") as se:
         proc = subprocess.Popen(list(map(str, cmd)), env=env, cwd=ROOT, stdout=so, stderr=se, text=True,
                                 start_new_session=True)
@@ -134,6 +136,8 @@ def _rank_process(launcher_pid, rank):
     raise AssertionError(f"no process of rank {rank} under {launcher_pid}")
 
 
+@pytest.mark.timeout(600)  # measured 40-80 s on 2 cores (its fixtures' runs included)
+@pytest.mark.depends_on(*rows.KERAS_PATH)  # the stop and the resume count iterations by Keras 3's own path
 def test_a_job_stopped_three_ways_resumes_each_time_to_the_run_never_stopped(tmp_path, reference):
     """One job, run with --resume from the start (no checkpoint yet: from scratch), stopped by SIGTERM to
     horovodrun, resumed and stopped by SIGTERM to rank 1's process alone, resumed and SIGKILLed (every process),
@@ -197,6 +201,7 @@ def test_sigterm_to_the_mpijob_launcher_stops_every_rank_through_mpirun(tmp_path
     _assert_same_run(out, reference)
 
 
+@pytest.mark.depends_on(*rows.KERAS_PATH)  # Keras 3 counts iterations and agrees by its own path
 def test_ranks_agree_on_one_iteration(tmp_path):
     results, proc = run_and_collect(horovodrun_cmd(2, JOB), tmp_path, 2, timeout=240, env_extra=None)
     for signalled, stops_at in (("both_a_step_apart", 20), ("rank1_only", 21)):

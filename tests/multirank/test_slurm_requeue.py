@@ -36,18 +36,8 @@ from slurmutil import SlurmCluster
 pytestmark = pytest.mark.multirank
 
 
-def _default_row_python():
-    """The default row's Python (scripts/versions.env PYTHON_VERSION), e.g. (3, 11)."""
-    text = (pathlib.Path(__file__).resolve().parents[2] / "scripts" / "versions.env").read_text()
-    return tuple(int(part) for part in re.search(r'^PYTHON_VERSION="?([0-9.]+)', text, re.MULTILINE)[1].split("."))
-
-
-# What the script does when Slurm warns it (SIGUSR1: it requeues itself, capped) is the same shell and Slurm on
-# every row; the resume it ends with is row-dependent and is checked on every row by the scontrol requeue test
-# here and by tests/multirank/test_preemption.py. The self-requeue cases run on the default row only (CI time).
-default_row_only = pytest.mark.skipif(sys.version_info[:2] != _default_row_python(),
-                                      reason="the self-requeue path is Slurm and shell alone, the same on every row; "
-                                             "run on the default row (scripts/versions.env)")
+# Slurm and the job script are the same on every row: these run on the default row (tests/rows.py); the resume
+# they end with is checked on a Keras 2 and the Keras 3 row by tests/multirank/test_preemption.py.
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "train_keras.py"
@@ -194,6 +184,7 @@ def _asker(slurm, *command):
     return act, asked
 
 
+@pytest.mark.timeout(600)  # measured 40-80 s on 2 cores (its fixtures' runs included)
 def test_a_job_requeued_by_scontrol_comes_back_and_ends_as_if_never_stopped(slurm, reference, tmp_path):
     job, out, log = _submit(slurm, tmp_path)
     act, asked = _asker(slurm, "scontrol", "requeue", job)
@@ -212,7 +203,7 @@ def test_a_job_requeued_by_scontrol_comes_back_and_ends_as_if_never_stopped(slur
     _assert_same_run(out, reference, text)
 
 
-@default_row_only
+@pytest.mark.timeout(600)  # measured 40-80 s on 2 cores (its fixtures' runs included)
 def test_sigusr1_from_scancel_makes_the_job_requeue_itself_and_end_as_if_never_stopped(slurm, reference, tmp_path):
     """`scancel --signal=USR1 JOB`: what `#SBATCH --signal=USR1@90` has Slurm send before the time limit, to the
     same processes (the step's tasks), on demand."""
@@ -295,8 +286,8 @@ def _line_up_with_the_next_check(slurm, job):
     return act, record
 
 
+@pytest.mark.timeout(600)  # measured 40-80 s on 2 cores (its fixtures' runs included)
 @pytest.mark.slow
-@default_row_only
 def test_a_job_that_reaches_its_time_limit_requeues_itself_and_ends_as_if_never_stopped(slurm, long_reference,
                                                                                         tmp_path):
     """`sbatch --time=1` (1 minute): the script's `--signal=USR1@90` is due at once, and Slurm sends it at its first
