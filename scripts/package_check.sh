@@ -96,7 +96,9 @@ for version in $PYTHONS; do
   "$py" -m venv "$venv"
   pipq "$venv/bin/python" install "$wheel" || die "pip install of the wheel failed on Python $version"
   # What the pure tests import besides the package (the test extra's TensorFlow-side tools are not needed).
-  pipq "$venv/bin/python" install pytest hypothesis matplotlib || die "pip install of the test tools failed"
+  # pytest-timeout: pytest.ini bounds every test (tests/guard.py).
+  pipq "$venv/bin/python" install pytest pytest-timeout hypothesis matplotlib \
+    || die "pip install of the test tools failed"
   ! "$venv/bin/python" -c "import tensorflow" 2>/dev/null || die "Python $version: TensorFlow was installed"
   (cd "$outside"
    "$venv/bin/hvd-sched" show "$demo_config" --world-size 2 --steps-per-epoch 22 > "$work/show-$version.txt" \

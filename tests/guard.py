@@ -96,7 +96,10 @@ def _timeout_of(item):
     mark = item.get_closest_marker("timeout")
     if mark and mark.args:
         return float(mark.args[0])
-    return float(item.config.getini("timeout") or 0)
+    try:
+        return float(item.config.getini("timeout") or 0)
+    except ValueError:  # pytest-timeout is not installed (a bare venv): no bound to back up
+        return 0.0
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -160,8 +160,12 @@ def test_a_job_stopped_three_ways_resumes_each_time_to_the_run_never_stopped(tmp
                                                   ask_at=second + 90)
     assert f"(iteration {second})" in stdout
     assert returncode == -signal.SIGKILL and not STOPPED.search(stderr)
-    meta = latest_meta(out)  # a periodic checkpoint, complete (written atomically) and on the period: at most the
-    assert meta["signal"] is None and meta["iteration"] % PERIOD == 0 and meta["iteration"] >= seen  # period lost
+    # The newest checkpoint is one the job writes on its own, complete (written atomically): on the period, or an
+    # epoch end (89 iterations each; a SIGKILL between an epoch end and the next period point leaves that one, as
+    # seen in CI at iteration 267); at most the period is lost.
+    meta = latest_meta(out)
+    assert meta["signal"] is None and meta["iteration"] >= seen, meta
+    assert meta["iteration"] % PERIOD == 0 or meta["iteration"] % 89 == 0, meta
 
     _resume(out)
     _assert_same_run(out, reference)
