@@ -8,8 +8,10 @@ Three figures, on the row of the support matrix whose Python runs it:
    ``DistributedOptimizer``, callbacks ``horovod_callbacks(checkpoint=...)`` (the checkpoint last) with:
 
    - ``baseline``: nothing more;
-   - ``checkpoint_no_signals``: ``TrainingCheckpoint(dir, stop_signals=())`` (no period: epoch ends only, no
-     per-batch hook of its own);
+   - ``checkpoint_no_signals``: ``TrainingCheckpoint(dir, stop_signals=(), peer_timeout=None)`` (no period:
+     epoch ends only, no per-batch hook of its own, no heartbeat);
+   - ``heartbeat``: the same with ``peer_timeout=60`` (the default): the peers' heartbeat alone (at 2 ranks a
+     thread sending a datagram to the other rank every 2 s; at 1 rank there is no peer and no thread);
    - ``checkpoint_default``: ``TrainingCheckpoint(dir)`` (SIGTERM and SIGINT; the ranks agree about every
      ``agree_every=0.25`` s: one eager Horovod allgather of a 1x2 int64 tensor);
    - ``checkpoint_agree_every_step``: ``TrainingCheckpoint(dir, agree_every=1e-9)``: the worst case, one
@@ -81,7 +83,8 @@ KERAS_MAJOR = _compat.keras_major()
 #: variant -> TrainingCheckpoint keyword arguments (None: no checkpoint callback).
 VARIANTS = {
     "baseline": None,
-    "checkpoint_no_signals": {"stop_signals": ()},
+    "checkpoint_no_signals": {"stop_signals": (), "peer_timeout": None},
+    "heartbeat": {"stop_signals": (), "peer_timeout": 60.0},
     "checkpoint_default": {},
     "checkpoint_agree_every_step": {"agree_every": 1e-9},
 }

@@ -71,6 +71,10 @@ def parse_args(argv=None):
     parser.add_argument("--stop-signals", nargs="*", default=["SIGTERM", "SIGINT", "SIGUSR1"],
                         help="signals that stop every rank at one iteration with a checkpoint (default: SIGTERM "
                         "SIGINT SIGUSR1); the process then exits with 128 + the signal's number")
+    parser.add_argument("--peer-timeout", type=float, default=hvd_sched.keras.checkpoint.DEFAULT_PEER_TIMEOUT,
+                        help="seconds without a heartbeat from another rank (a dead, frozen or cut-off node) after "
+                        "which every rank that can still run exits with status 75, naming it, to be requeued "
+                        "(default %(default)g; 0: no heartbeat)")
     parser.add_argument("--seed", type=int, default=0)
     schedule = parser.add_argument_group("schedule when there is no --config (epoch units, LR for 1 rank)")
     schedule.add_argument("--base-lr", type=float, default=0.05, help="BASE_LR for one rank, scaled by size")
@@ -270,11 +274,12 @@ def main(argv=None):
     if period is None and args.config:
         period = hvd_sched.snapshot_period(args.config)
     # Rank 0 writes; every rank handles the stop signals, from here to the end: one that comes while the job sets
-    # up stops the first fit at its first iteration, with a checkpoint; one after the last fit is answered by the
-    # end of the job (its training is complete and saved). A stop raises hvd_sched.keras.TrainingInterrupted: the
-    # process exits with status 128 + the signal.
+    # up stops the first fit at its first iteration, with a checkpoint; one after the last fit is answered
+    # by the end of the job (its training is complete and saved). A stop raises TrainingInterrupted: the process
+    # exits with status 128 + the signal. A rank that stops answering (its node dead, frozen, cut off) makes the
+    # others exit with status 75 (hvd_sched.keras.PEER_LOST_STATUS) after --peer-timeout seconds.
     checkpoint = TrainingCheckpoint(os.path.join(args.out, "ckpt"), period=period,
-                                    stop_signals=tuple(args.stop_signals))
+                                    stop_signals=tuple(args.stop_signals), peer_timeout=args.peer_timeout or None)
     with checkpoint.handling_signals():
         return _run(args, checkpoint)
 

@@ -5,7 +5,8 @@
 - This process is a child subreaper, so whatever a test starts stays its descendant even after the launcher between
   them dies (ranks, slurmstepd, an sshd's sessions). Every process that appeared during a test's call is killed
   when the call ends (passed, failed or timed out; a SIGSTOPped one too); what is left at the end of the session is
-  killed then.
+  killed then. A fixture's daemons (launch.KEPT) are spared until then; what a fixture made outside the process
+  tree (network namespaces: launch.CLEANUPS) is removed by its teardown, or by the guard where no teardown runs.
 - A test that fails shows the tail of the output files its launches registered (launch.register_output).
 - A call that does not come back to Python within its bound + BACKSTOP_S (a hang inside C code, which the signal
   cannot interrupt) dumps every thread's stack and those outputs, kills the descendants and ends pytest with
@@ -39,6 +40,7 @@ def _on_sigterm(signum, frame):
     """A bound above this pytest ends it: first every process its tests started, which would outlive it
     otherwise, then the run, as Ctrl-C does (pytest prints where it was)."""
     kill_all(descendants())
+    launch.run_cleanups()
     raise KeyboardInterrupt(f"pytest got signal {signum}")
 
 
@@ -117,7 +119,7 @@ def pytest_runtest_call(item):
     finally:
         if backstop is not None:
             backstop.cancel()
-        kill_all([pid for pid in descendants() if pid not in before])
+        kill_all([pid for pid in descendants() if pid not in before and pid not in launch.KEPT])
 
 
 def _backstop(item, bound):
@@ -133,6 +135,7 @@ def _backstop(item, bound):
     faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
     _write_outputs(sys.stderr)
     kill_all(descendants())
+    launch.run_cleanups()
     sys.stderr.flush()
     os._exit(3)
 
@@ -162,3 +165,4 @@ def pytest_sessionfinish(session, exitstatus):
     left = descendants()
     if left:
         kill_all(left)
+    launch.run_cleanups()

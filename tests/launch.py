@@ -25,6 +25,25 @@ def register_output(*paths):
     OUTPUTS.extend(str(path) for path in paths)
 
 
+#: Processes a fixture keeps across tests (its daemons, e.g. tests/netns.py's sshd): the guard does not kill them
+#: at the end of the test call that (re)started them.
+KEPT = set()
+#: Callables that remove what a fixture made outside this process tree (network namespaces, links): the guard calls
+#: them where a fixture's teardown cannot run (its backstop, SIGTERM) and at the session's end. Each removes itself
+#: when its fixture's teardown has run.
+CLEANUPS = []
+
+
+def run_cleanups():
+    """Call every registered cleanup (each at most once), whatever the others raise."""
+    while CLEANUPS:
+        cleanup = CLEANUPS.pop()
+        try:
+            cleanup()
+        except Exception as exc:  # noqa: BLE001 (the others must run too)
+            sys.stderr.write(f"cleanup {cleanup!r} failed: {exc}\n")
+
+
 def rank_env(out_dir, extra=None):
     env = dict(os.environ)
     env["HVD_SCHED_TEST_OUT"] = str(out_dir)

@@ -237,7 +237,7 @@ def test_accumulation_quick_reports_the_cost_per_update(tmp_path):
 def test_preemption_quick_reports_step_cost_save_and_stop_times(tmp_path):
     out = tmp_path / "preemption.json"
     last = _run_script("preemption.py", "--quick", "--out", out, "--raw-dir", tmp_path / "raw", timeout=300)
-    variants = {"baseline", "checkpoint_no_signals", "checkpoint_default", "checkpoint_agree_every_step"}
+    variants = {"baseline", "checkpoint_no_signals", "heartbeat", "checkpoint_default", "checkpoint_agree_every_step"}
     assert set(last) == {"ranks1", "ranks2", "save_median_s", "stop_median_s"}
     assert all(set(last[ranks]) == variants and last[ranks]["baseline"] == 1.0 for ranks in ("ranks1", "ranks2"))
     report = json.loads(out.read_text())

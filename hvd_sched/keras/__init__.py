@@ -38,8 +38,8 @@ from hvd_sched import _compat  # noqa: F401  (first: stack check; keras -> tf_ke
 from ._backend import KERAS_MAJOR
 from .build import build_optimizer, describe_optimizer, parameter_groups
 from .callbacks import LearningRateLogger, ScheduleCallback, horovod_callbacks
-from .checkpoint import (EpochCheckpoint, FitPart, TrainingCheckpoint, TrainingInterrupted, latest_checkpoint,
-                         restore_latest, resume_plan)
+from .checkpoint import (PEER_LOST_STATUS, EpochCheckpoint, FitPart, TrainingCheckpoint, TrainingInterrupted,
+                         latest_checkpoint, restore_latest, resume_plan)
 from .saving import load_model
 from .distributed import AverageMetrics, BroadcastVariables, DistributedCheck, DistributedOptimizer
 from .elastic import ElasticLRScaler, elastic_state
@@ -51,7 +51,8 @@ from ._tracking import iteration_count
 
 __all__ = ["ScheduledOptimizer", "DistributedOptimizer", "ScheduleCallback", "LearningRateLogger",
            "horovod_callbacks", "ScheduleLR", "is_scheduled", "scheduled_of", "scheduled_class", "custom_objects",
-           "load_model", "TrainingCheckpoint", "TrainingInterrupted", "EpochCheckpoint", "latest_checkpoint",
+           "load_model", "TrainingCheckpoint", "TrainingInterrupted", "PEER_LOST_STATUS", "EpochCheckpoint",
+           "latest_checkpoint",
            "restore_latest", "resume_plan", "FitPart", "StopOnNonFinite",
            "RankConsistencyCheck", "NonFiniteLossError", "RankMismatchError", "DistributedCheck",
            "BroadcastVariables", "AverageMetrics", "ElasticLRScaler", "elastic_state", "build_optimizer", "describe_optimizer",

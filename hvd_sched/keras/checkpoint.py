@@ -16,13 +16,20 @@ import numpy as np
 import tensorflow as tf
 
 from .. import _validation
-from . import _backend, _horovod, _stop
+from . import _backend, _horovod, _stop, _watchdog
 from ._tracking import iteration_count, note_restored, resume_offset
+from ._watchdog import PEER_LOST_STATUS
 
-__all__ = ["TrainingCheckpoint", "EpochCheckpoint", "TrainingInterrupted", "latest_checkpoint", "restore_latest",
-           "resume_plan", "FitPart", "write_checkpoint"]
+# The file in a TrainingCheckpoint's folder that a rank ending with PEER_LOST_STATUS writes its message to.
+PEER_LOST_NOTE = "peer_lost.txt"
+
+__all__ = ["TrainingCheckpoint", "EpochCheckpoint", "TrainingInterrupted", "PEER_LOST_STATUS", "latest_checkpoint",
+           "restore_latest", "resume_plan", "FitPart", "write_checkpoint"]
 
 _LATEST = "latest"
+#: TrainingCheckpoint's default peer_timeout (seconds): a heartbeat is missed only by a host that is gone, so the
+#: bound need not cover slow steps, validation or saves; 60 s covers a heavily loaded host's scheduling stalls.
+DEFAULT_PEER_TIMEOUT = 60.0
 _PREFIX = "ckpt"
 
 
@@ -300,10 +307,18 @@ class TrainingCheckpoint(_backend.keras.callbacks.Callback):
         agree_every: seconds between two agreements (a float > 0); the stop lands within about this time plus
             one step after the signal.
         root_rank: the rank that writes.
+        peer_timeout: seconds without a heartbeat from another rank after which this rank exits with status
+            `PEER_LOST_STATUS` (75), naming the rank and host that stopped answering, the iteration and the newest
+            checkpoint (a dead, frozen or cut-off node: docs/how-to/preemption.md, "When a node dies"), and
+            writing that message to `directory/peer_lost.txt` too (srun and horovodrun exit with a status of their
+            own: a job script tests that file); a slow rank keeps beating and never counts; a rank whose own
+            code raised makes the others exit 1 at once, with no file (a failure, not to be requeued). None: no
+            heartbeat.
+            Not in elastic jobs (Horovod drops the host).
     """
 
     def __init__(self, directory, keep=3, period=None, stop_signals=_stop.DEFAULT_SIGNALS, agree_every=0.25,
-                 root_rank=0):
+                 root_rank=0, peer_timeout=DEFAULT_PEER_TIMEOUT):
         super().__init__()
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise ValueError(f"keep must be an int >= 1, got {keep!r}")
@@ -313,6 +328,12 @@ class TrainingCheckpoint(_backend.keras.callbacks.Callback):
             raise ValueError(f"agree_every must be a number of seconds > 0, got {agree_every!r}")
         if isinstance(root_rank, bool) or not isinstance(root_rank, int) or root_rank < 0:
             raise ValueError(f"root_rank must be an int >= 0, got {root_rank!r}")
+        if peer_timeout is not None and (isinstance(peer_timeout, bool) or not isinstance(peer_timeout, (int, float))
+                                         or not 1 <= peer_timeout < float("inf")):
+            raise ValueError(f"peer_timeout must be a number of seconds >= 1 (or None: no heartbeat), got "
+                             f"{peer_timeout!r}")
+        self.peer_timeout = None if peer_timeout is None else float(peer_timeout)
+        self._watchdog = None
         self.directory = os.fspath(directory)
         self.keep, self.period, self.root_rank = keep, period, root_rank
         self.stop_signals = _stop.signal_numbers(stop_signals)
@@ -353,9 +374,27 @@ class TrainingCheckpoint(_backend.keras.callbacks.Callback):
         self._requests.install()
         if self.period is not None:
             self._last_period = iteration_count(optimizer) // self.period
+        self._watch(iteration_count(optimizer))
 
     def on_train_end(self, logs=None):
+        if self._watchdog is not None:
+            self._watchdog.watching = False
         self._requests.uninstall()
+
+    def _watch(self, iteration):
+        """Start (once per process, on every rank) or resume the peers' heartbeat."""
+        if self.peer_timeout is None or _horovod.size() == 1 or _horovod.is_elastic():
+            return
+        self._watchdog = _watchdog.shared(self.peer_timeout, self._newest,  # one heartbeat per process
+                                          os.path.join(self.directory, PEER_LOST_NOTE))
+        self._watchdog.iteration = iteration
+        if not self._watchdog.started:
+            self._watchdog.start(_horovod.rank(), _horovod.size())
+        self._watchdog.watching = True
+
+    def _newest(self):
+        meta = latest_checkpoint(self.directory)
+        return "none yet" if meta is None else f"{meta['path']} (iteration {meta['iteration']})"
 
     def on_epoch_begin(self, epoch, logs=None):
         batches = (self.params or {}).get("steps")
@@ -369,6 +408,8 @@ class TrainingCheckpoint(_backend.keras.callbacks.Callback):
         self._epoch, self._step0 = epoch, offset
         self._epoch_count = _backend.micro_batch_count(self.model.optimizer)
         self._epoch_start = self._epoch_count // self._k
+        if self._watchdog is not None:
+            self._watchdog.iteration = self._epoch_start
         self._steps = None if batches is None else offset + int(batches) // self._k
 
     def on_train_batch_end(self, batch, logs=None):
@@ -377,6 +418,8 @@ class TrainingCheckpoint(_backend.keras.callbacks.Callback):
         if count % self._k:
             return  # inside an update: the accumulators are in no checkpoint
         iteration = count // self._k
+        if self._watchdog is not None:
+            self._watchdog.iteration = iteration
         if self._requests.signals and (self._next_agreement is None or iteration >= self._next_agreement):
             self._agree(iteration, logs)
         if self.period is not None and iteration // self.period > self._last_period:
@@ -480,6 +523,8 @@ class TrainingCheckpoint(_backend.keras.callbacks.Callback):
             print(f"hvd_sched: {name}: every rank stopped at iteration {iteration} (step {self._step(iteration)} "
                   f"of epoch {self._epoch}); {where}; exiting with status {code}", file=sys.stderr, flush=True)
         self.model.stop_training = True
+        if self._watchdog is not None:
+            self._watchdog.watching = False
         raise TrainingInterrupted(name, iteration, path, code)
 
 
@@ -509,8 +554,10 @@ class EpochCheckpoint(TrainingCheckpoint):
         period: as `TrainingCheckpoint` (default: None, epoch ends only).
         stop_signals: as `TrainingCheckpoint` (default: `()`, no signal handled).
         agree_every: as `TrainingCheckpoint` (default 0.25).
+        peer_timeout: as `TrainingCheckpoint` (default 60 s).
     """
 
-    def __init__(self, directory, keep=3, root_rank=0, period=None, stop_signals=(), agree_every=0.25):
+    def __init__(self, directory, keep=3, root_rank=0, period=None, stop_signals=(), agree_every=0.25,
+                 peer_timeout=DEFAULT_PEER_TIMEOUT):
         super().__init__(directory, keep=keep, period=period, stop_signals=stop_signals, agree_every=agree_every,
-                         root_rank=root_rank)
+                         root_rank=root_rank, peer_timeout=peer_timeout)

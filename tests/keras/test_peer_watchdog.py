@@ -1,0 +1,29 @@
+"""TrainingCheckpoint's peer_timeout (the heartbeat between ranks, hvd_sched/keras/_watchdog.py): its checks, and
+that one process keeps one heartbeat. The heartbeat itself, across hosts that die, freeze or are cut off, is
+tested for real in tests/multirank/test_nodes.py and test_slurm_requeue.py."""
+
+import pytest
+
+import hvd_sched.keras as hk
+from hvd_sched.keras import _watchdog
+
+
+@pytest.mark.parametrize("value", [0, 0.5, -1, float("inf"), True, "60"])
+def test_a_peer_timeout_that_is_not_a_number_of_seconds_is_refused_naming_it(tmp_path, value):
+    with pytest.raises(ValueError, match=r"peer_timeout must be a number of seconds >= 1 \(or None: no "
+                                         r"heartbeat\), got"):
+        hk.TrainingCheckpoint(tmp_path, peer_timeout=value)
+
+
+def test_the_defaults_and_the_status():
+    assert hk.PEER_LOST_STATUS == 75 and hk.PEER_LOST_STATUS not in (128 + 15, 128 + 10, 128 + 2)
+    assert hk.TrainingCheckpoint("x").peer_timeout == 60.0
+    assert hk.TrainingCheckpoint("x", peer_timeout=None).peer_timeout is None
+    assert hk.EpochCheckpoint("x", peer_timeout=5).peer_timeout == 5.0
+
+
+def test_one_heartbeat_per_process_takes_the_newest_fit_s_timeout():
+    first = _watchdog.shared(60, None)
+    second = _watchdog.shared(10, None)
+    assert first is second and second.timeout == 10 and second.interval == 0.5
+    assert all(address.count(".") == 3 for address in _watchdog.local_addresses())
