@@ -132,9 +132,32 @@ def _env(hosts, fault=None):
     return env
 
 
+# Horovod's Gloo rendezvous gives up at start-up when its HTTP store misses 3 requests in a row, 500 ms apart
+# (horovod/common/gloo/http_store.cc: every waiting rank polls horovodrun's Python HTTP server every 10 ms, a new
+# connection each time); 4 ranks starting TensorFlow on this machine's 2 cores made it miss them once in a CI run
+# (rank 2 aborted in hvd.init(), before any training: horovod #2955 and #2746 report the same on real clusters).
+# That is the launcher's start failing, not the job: such a launch is started again, once, and said so.
+RENDEZVOUS_FAILED = "HTTP GET request failed too many times"
+HEADER = "hvd_sched example:"
+
+
 def _run(cmd, env, cwd, timeout, during=None):
     """Run `cmd` (its own session, killed whole past `timeout`); `during(proc)` is called while it runs and may
-    return a time the fault happened. Returns (returncode, output, fault time, end time)."""
+    return a time the fault happened. Returns (returncode, output, fault time, end time). A launch whose Gloo
+    rendezvous failed before any rank started training is run again once (RENDEZVOUS_FAILED)."""
+    for attempt in (1, 2):
+        result = _run_once(cmd, env, cwd, timeout, during)
+        code, output, faulted, _ = result
+        if attempt == 1 and code != 0 and faulted is None and RENDEZVOUS_FAILED in output and HEADER not in output:
+            (cwd / "output.txt").rename(cwd / "output-rendezvous-failed.txt")
+            print(f"{cmd[0]}: Horovod's Gloo rendezvous failed at start-up ({RENDEZVOUS_FAILED}); starting it "
+                  "again", flush=True)
+            continue
+        return result
+    return result
+
+
+def _run_once(cmd, env, cwd, timeout, during):
     cwd.mkdir(parents=True, exist_ok=True)
     log = cwd / "output.txt"
     with open(log, "w") as out:
@@ -212,7 +235,7 @@ def _when_checkpoint_reaches(out, iteration, fault, proc, limit=300):
             fault()
             return time.monotonic()
         if proc.poll() is not None:
-            pytest.fail(f"the job ended (status {proc.returncode}) before iteration {iteration}")
+            return None  # ended before the fault: the caller fails with its output (or starts it again: _run)
         time.sleep(0.05)
     pytest.fail(f"the job did not reach iteration {iteration} in {limit} s")
 
@@ -262,6 +285,8 @@ def test_a_node_that_stops_answering_ends_the_job_loudly_and_resume_is_exact(hos
 
         def during(proc):
             faulted = ranks_during(proc)
+            if faulted is None:
+                return None  # ended before the fault
             log = tmp_path / "first" / "output.txt"
             deadline = faulted + PEER_TIMEOUT + TEARDOWN
             while time.monotonic() < deadline and proc.poll() is None:
