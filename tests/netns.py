@@ -45,6 +45,12 @@ def _ip(*args, check=True):
     return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30, check=check)
 
 
+def _default_interface():
+    """The device of this machine's default route (e.g. eth0), or eth0 where there is none."""
+    words = _ip("route", "show", "default", check=False).stdout.split()
+    return words[words.index("dev") + 1] if "dev" in words else "eth0"
+
+
 def _free_tag(first):
     """The first tag from `first` on (1 to 200, wrapping) whose namespaces and bridge do not exist yet."""
     names = set(_ip("netns", "list", check=False).stdout.split())
@@ -68,7 +74,10 @@ class Hosts:
         self.subnet = f"10.203.{self.tag}"
         self.bridge = f"hvdbr{self.tag}"
         self.gateway = f"{self.subnet}.1"
-        self.interface = "eth0"  # each host's link, inside it
+        # Each host's link, inside it, named as this machine's own way out (its default route's device): horovodrun
+        # wants one interface name on every host and on the launcher's (`--network-interface`), and the
+        # launcher's address on it is delivered here from the hosts' bridge.
+        self.interface = _default_interface()
         self.etc = pathlib.Path("/etc/netns")
         self._made_etc = False
         self._made = []

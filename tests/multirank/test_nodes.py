@@ -98,14 +98,20 @@ def _command(hosts, launcher, script, out, slots, resume=False):
     if resume:
         args.append("--resume")
     bindir = pathlib.Path(sys.executable).parent
+    # --network-interface: with one host in -H that is not this machine, horovodrun's interface check finds `lo`
+    # common as well ({"eth0", "lo"}) and takes the rendezvous address from the first of that set, whose order
+    # changes with each process's hash seed: half the launches gave the ranks 127.0.0.1, their own loopback, and
+    # every rank failed in hvd.init() ("HTTP GET request failed too many times"; horovod/runner/util/network.py,
+    # get_driver_ip). Naming the hosts' interface is what a cluster with several networks needs anyway.
+    nic = ["--network-interface", hosts.interface]
     if launcher == "gloo":
         return [str(bindir / "horovodrun"), "--gloo", "-np", np_, "-H", listed, "-p", "22",
-                "--ssh-identity-file", str(hosts.ssh_key), *args]
+                "--ssh-identity-file", str(hosts.ssh_key), *nic, *args]
     tcp = ["--mca", "btl_tcp_if_include", hosts.cidr, "--mca", "oob_tcp_if_include", hosts.cidr,
            "--prtemca", "oob_tcp_if_include", hosts.cidr]
     if launcher == "horovodrun-mpi":
         return [str(bindir / "horovodrun"), "--mpi", "-np", np_, "-H", listed, "-p", "22",
-                "--ssh-identity-file", str(hosts.ssh_key), "--mpi-args",
+                "--ssh-identity-file", str(hosts.ssh_key), *nic, "--mpi-args",
                 f"--prtemca oob_tcp_if_include {hosts.cidr}",  # it sets btl_tcp_if_include and --bind-to itself
                 *args]
     # Two ranks per host on this machine's 2 cores: Open MPI binds each host's ranks to "its" cores 0 and 1, four
@@ -132,32 +138,9 @@ def _env(hosts, fault=None):
     return env
 
 
-# Horovod's Gloo rendezvous gives up at start-up when its HTTP store misses 3 requests in a row, 500 ms apart
-# (horovod/common/gloo/http_store.cc: every waiting rank polls horovodrun's Python HTTP server every 10 ms, a new
-# connection each time); 4 ranks starting TensorFlow on this machine's 2 cores made it miss them once in a CI run
-# (rank 2 aborted in hvd.init(), before any training: horovod #2955 and #2746 report the same on real clusters).
-# That is the launcher's start failing, not the job: such a launch is started again, once, and said so.
-RENDEZVOUS_FAILED = "HTTP GET request failed too many times"
-HEADER = "hvd_sched example:"
-
-
 def _run(cmd, env, cwd, timeout, during=None):
     """Run `cmd` (its own session, killed whole past `timeout`); `during(proc)` is called while it runs and may
-    return a time the fault happened. Returns (returncode, output, fault time, end time). A launch whose Gloo
-    rendezvous failed before any rank started training is run again once (RENDEZVOUS_FAILED)."""
-    for attempt in (1, 2):
-        result = _run_once(cmd, env, cwd, timeout, during)
-        code, output, faulted, _ = result
-        if attempt == 1 and code != 0 and faulted is None and RENDEZVOUS_FAILED in output and HEADER not in output:
-            (cwd / "output.txt").rename(cwd / "output-rendezvous-failed.txt")
-            print(f"{cmd[0]}: Horovod's Gloo rendezvous failed at start-up ({RENDEZVOUS_FAILED}); starting it "
-                  "again", flush=True)
-            continue
-        return result
-    return result
-
-
-def _run_once(cmd, env, cwd, timeout, during):
+    return a time the fault happened. Returns (returncode, output, fault time, end time)."""
     cwd.mkdir(parents=True, exist_ok=True)
     log = cwd / "output.txt"
     with open(log, "w") as out:
