@@ -5,7 +5,7 @@ address on a veth pair into a bridge that this module makes, and its own sshd.
         hosts.names            # ["hvd3h1", "hvd3h2"]: also each host's `hostname`
         hosts.address("hvd3h1")   # "10.203.3.11": exists only on that namespace's veth end
         hosts.run("hvd3h1", ["hostname"])   # a process inside (ip netns exec + its own UTS namespace)
-        hosts.ssh_env          # PATH with an `ssh` that reaches the hosts' sshd with this module's key
+        hosts.ssh_bin          # a folder whose `ssh` reaches the hosts' sshd with this module's key
         hosts.freeze("hvd3h2") / hosts.kill("hvd3h2") / hosts.cut("hvd3h2")   # a frozen, dead, cut-off node
 
 The launcher's side (horovodrun, mpirun, sbatch) stays in this machine's own namespace, which reaches the hosts
@@ -195,19 +195,18 @@ class Hosts:
 
     def _start_host_sshd(self, name):
         f = self.folder
-        if True:
-            config = f / f"sshd_{name}.config"
-            config.write_text("\n".join([
-                "Port 22", f"ListenAddress {self.address(name)}", f"HostKey {f / 'host_key'}",
-                f"PidFile {f / f'sshd_{name}.pid'}", f"AuthorizedKeysFile {f / 'authorized_keys'}",
-                "PubkeyAuthentication yes", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
-                "UsePAM no", "StrictModes no", "PermitRootLogin prohibit-password", "AcceptEnv *",
-                "PermitUserEnvironment no", "LogLevel VERBOSE", "MaxStartups 100", "MaxSessions 100", ""]))
-            log = open(f / f"sshd_{name}.log", "w")
-            self._sshd[name] = self.popen(name, [SSHD, "-D", "-e", "-f", str(config)], stdout=log, stderr=log,
-                                          start_new_session=True)
-            launch.KEPT.add(self._sshd[name].pid)  # a daemon of the fixture: not killed at the end of a test
-            log.close()
+        config = f / f"sshd_{name}.config"
+        config.write_text("\n".join([
+            "Port 22", f"ListenAddress {self.address(name)}", f"HostKey {f / 'host_key'}",
+            f"PidFile {f / f'sshd_{name}.pid'}", f"AuthorizedKeysFile {f / 'authorized_keys'}",
+            "PubkeyAuthentication yes", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
+            "UsePAM no", "StrictModes no", "PermitRootLogin prohibit-password", "AcceptEnv *",
+            "PermitUserEnvironment no", "LogLevel VERBOSE", "MaxStartups 100", "MaxSessions 100", ""]))
+        log = open(f / f"sshd_{name}.log", "w")
+        self._sshd[name] = self.popen(name, [SSHD, "-D", "-e", "-f", str(config)], stdout=log, stderr=log,
+                                      start_new_session=True)
+        launch.KEPT.add(self._sshd[name].pid)  # a daemon of the fixture: not killed at the end of a test
+        log.close()
 
     def _wait_for_sshd(self, names):
         f, bin_dir = self.folder, self.folder / "bin"

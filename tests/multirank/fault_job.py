@@ -39,7 +39,7 @@ class Misbehave(train_keras.tf.keras.callbacks.Callback):
         self.done = False
 
     def _iteration(self):
-        return hvd_sched_iteration(self.model)
+        return hvd_sched.keras.iteration_count(self.model.optimizer)
 
     def on_train_batch_begin(self, batch, logs=None):
         if KIND == "first_step" and self.rank == RANK and not self.done:
@@ -63,10 +63,6 @@ class Misbehave(train_keras.tf.keras.callbacks.Callback):
                 print(f"fault_job: rank {self.rank} validates for {SECONDS:g} s more at iteration "
                       f"{self._iteration()}", flush=True)
                 time.sleep(SECONDS)
-
-
-def hvd_sched_iteration(model):
-    return hvd_sched.keras.iteration_count(model.optimizer)
 
 
 import hvd_sched.keras  # noqa: E402

@@ -21,8 +21,8 @@ a raising rank; under mpirun a frozen and a dead host; a slow validation (Gloo) 
 is, to the survivors, a cut-off one whose processes are gone (no datagram and no TCP reset comes from either).
 HVD_SCHED_TEST_NODES=all runs every fault under both launchers and the slow first step too (all passed on this
 machine when they were written).
-The time from each fault to the job's end goes to PYTEST's tmp folder as nodes_timings.json (bench/nodes.py
-gathers them for the docs).
+The time from each fault to the job's end goes to PYTEST's tmp folder as nodes_timings.json (the figures of
+docs/how-to/preemption.md's table).
 
 Run on the default row only (tests/rows.py: a multi-rank test's outcome depends on the launcher and the Horovod
 build, not on the row): the launchers, the shell tools and the heartbeat are the same on every row (the heartbeat is
@@ -41,7 +41,7 @@ import time
 
 import pytest
 
-from launch import assert_same_final_checkpoint, latest_meta, mpi_env, mpi_missing, rank_env
+from launch import DEMO_FINAL, assert_same_final_checkpoint, latest_meta, mpi_env, mpi_missing, rank_env
 from netns import Hosts
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(600)]
@@ -57,7 +57,6 @@ EPOCHS, STEPS, BATCH, PERIOD, FAULT_AT = 2, 44, 8, 20, 60
 EPOCHS_2, STEPS_2 = 2, 89
 ALL = os.environ.get("HVD_SCHED_TEST_NODES") == "all"
 PEER_TIMEOUT, TEARDOWN, MPIRUN_GRACE = 10, 90, 10
-FINAL = re.compile(r"rank (\d+): final val accuracy ([0-9.]+) \(360 samples, iteration (\d+)\)")
 LOST = re.compile(r"hvd_sched: rank (\d+) \(host (\S+), pid \d+\) (has not answered for [0-9.]+ s|failed)")
 
 
@@ -164,7 +163,7 @@ def _run(cmd, env, cwd, timeout, during=None):
 
 
 def _finals(output):
-    return {int(rank): (float(acc), int(it)) for rank, acc, it in FINAL.findall(output)}
+    return {int(rank): (float(acc), int(it)) for rank, acc, it in DEMO_FINAL.findall(output)}
 
 
 _references = {}
