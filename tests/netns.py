@@ -261,6 +261,11 @@ class Hosts:
         self.cut(name)
         self._signal_all(name, signal.SIGKILL)
 
+    def crash(self, name):
+        """Every process of the host SIGKILLed, its kernel (and link) alive: the OOM killer, a node agent killing
+        the job, a crashed container; its kernel resets the TCP connections of the processes killed."""
+        self._signal_all(name, signal.SIGKILL)
+
     def restore(self, name):
         """The host rebooted after a fault: every process of it gone, its link up, its sshd answering."""
         self._signal_all(name, signal.SIGCONT)

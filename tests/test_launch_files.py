@@ -27,8 +27,12 @@ def test_the_mpijob_manifest_is_a_two_worker_open_mpi_job_running_the_demo():
     # the ranks 0.25 s later, before they can save); tests/multirank/test_preemption.py runs this script for real.
     assert container["command"][:2] == ["bash", "-c"]
     script = container["command"][2]
-    [line] = [line for line in script.splitlines() if line.startswith("mpirun ")]
-    command = line.split()
+    # mpirun runs under hvd_sched.supervise, which ends it once a rank reports a lost node (peer_lost.txt in the
+    # checkpoint folder: OUT/ckpt) and passes the trap's SIGUSR1 on to it.
+    [line] = [line for line in script.splitlines() if line.startswith("python -m hvd_sched.supervise ")]
+    supervise, _, command = line.partition(" -- ")
+    command = command.split()
+    assert command[-3] == "--out" and supervise.split()[3:] == ["--checkpoint-dir", f"{command[-2]}/ckpt"]
     assert command[:4] == ["mpirun", "--allow-run-as-root", "-np", "2"] and command[-1] == "&"
     assert command[4:4 + len(DEMO) + 1] == ["python", *DEMO] and command[-3] == "--out"
     assert "--resume" in command and "--checkpoint-period" in command

@@ -90,13 +90,23 @@ def default_interval(timeout):
     return min(max(float(timeout) / 20.0, 0.2), 2.0)
 
 
-def _write_note(path, text):
+def _write_note(path, text, first_only=False, since=0.0):
+    """Write `text` to `path` whole (a temporary file renamed). `first_only`: keep a note written since `since`
+    (time.time()) by another rank: the view of the ranks that still hear rank 0 wins a partition."""
+    partial = f"{path}.{os.getpid()}.tmp"
     try:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        partial = f"{path}.{os.getpid()}.tmp"
         with open(partial, "w") as f:
             f.write(text)
-        os.replace(partial, path)  # whole, whichever rank writes last
+        if first_only:
+            time.sleep(1.0)  # the other side writes at once: let its note land first
+            try:
+                if os.stat(path).st_mtime >= since:
+                    os.unlink(partial)
+                    return
+            except FileNotFoundError:
+                pass
+        os.replace(partial, path)
     except OSError as exc:
         print(f"hvd_sched: could not write {path}: {exc}", file=sys.stderr, flush=True)
 
@@ -144,6 +154,7 @@ class PeerWatchdog:
         import horovod.tensorflow as hvd
 
         self.rank, self.size = int(rank), int(size)
+        self._started_at = time.time()
         self.host = socket.gethostname()
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._sock.bind(("0.0.0.0", 0))
@@ -244,7 +255,12 @@ class PeerWatchdog:
         if self.note:
             # In a thread of its own: a hung file system (one of the faults this is for) must not keep the process
             # from exiting.
-            writer = threading.Thread(target=_write_note, args=(self.note, message + "\n"), daemon=True)
+            # A link cut in two leaves both sides running, each seeing the other silent, and both may reach a shared
+            # file system: the side that still hears rank 0 (the launcher's, usually) says which ranks were lost,
+            # and the other side's note stands only where none of this job's is there (rank 0's side is gone too).
+            first_only = self.rank != 0 and 0 in silent
+            writer = threading.Thread(target=_write_note, args=(self.note, message + "\n", first_only,
+                                                                self._started_at), daemon=True)
             writer.start()
             writer.join(2.0)
         os._exit(PEER_LOST_STATUS)

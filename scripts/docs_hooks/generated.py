@@ -5,6 +5,7 @@ time, by the Markdown of NAME:
 
 - ``versions``: the support matrix, each row's pins from ``scripts/versions.env`` as ``scripts/stack.sh`` resolves them.
 - ``cli-help``: ``hvd-sched --help`` and each subcommand's ``--help``, as the program prints them.
+- ``supervise-help``: ``python -m hvd_sched.supervise --help``.
 - ``solver-keys``: every SOLVER key of each dialect with its default (``hvd_sched.dialects``), the meaning from
   ``Schedule``'s docstring, and why a key has no effect (``hvd_sched.dialects.NO_EFFECT``).
 - ``bench-figures``: the benchmark figures (SVG, drawn from ``docs/bench/*.json`` by ``figures.py`` in
@@ -115,6 +116,17 @@ def cli_help_markdown(python=sys.executable, root=ROOT):
         title = " ".join(["hvd-sched", *command, "--help"])
         parts += [f"### `{title}`", "", "```text", done.stdout.rstrip("\n"), "```", ""]
     return "\n".join(parts)
+
+
+def supervise_help_markdown(python=sys.executable, root=ROOT):
+    """``python -m hvd_sched.supervise --help`` in a ``text`` block, at 80 columns."""
+    env = {**os.environ, "COLUMNS": "80", "PYTHONPATH": os.pathsep.join(filter(None, [str(root),
+                                                                                      os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([python, "-m", "hvd_sched.supervise", "--help"], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=120)
+    if done.returncode != 0:
+        raise RuntimeError(f"python -m hvd_sched.supervise --help exited {done.returncode}: {done.stderr}")
+    return "\n".join(["```text", done.stdout.rstrip("\n"), "```", ""])
 
 
 # --- solver-keys ------------------------------------------------------------------------------------------------
@@ -244,6 +256,7 @@ def generators(page_uri, drawn=(), root=ROOT, python=sys.executable):
     return {
         "versions": lambda: versions_markdown(root),
         "cli-help": lambda: cli_help_markdown(python, root),
+        "supervise-help": lambda: supervise_help_markdown(python, root),
         "solver-keys": solver_keys_markdown,
         "bench-figures": lambda: bench_figures_markdown(drawn, page_uri, root),
     }

@@ -123,6 +123,13 @@ def test_cli_help_is_what_the_program_prints():
     assert "--dialect {detectron,large_scale_vrd,video_nonlocal}" in markdown
 
 
+def test_supervise_help_is_what_the_program_prints():
+    markdown = generated.supervise_help_markdown(sys.executable, ROOT)
+    assert markdown.count("```") == 2 and "usage: python -m hvd_sched.supervise [-h] --checkpoint-dir" in markdown
+    for option in ("--grace", "--kill-after", "--orphan-wait"):
+        assert option in markdown
+
+
 def test_markers_are_replaced_and_unknown_ones_raise():
     page = "# Title\n\nbefore\n<!-- generated: one -->\nafter\n```text\n<!-- generated: nothing -->\n```\n"
     out = generated.expand(page, {"one": lambda: "ONE\n"})
@@ -135,10 +142,10 @@ def test_markers_are_replaced_and_unknown_ones_raise():
 
 def test_every_marker_in_the_docs_is_known():
     known = set(generated.generators("index.md"))
-    assert known == {"versions", "cli-help", "solver-keys", "bench-figures"}
+    assert known == {"versions", "cli-help", "supervise-help", "solver-keys", "bench-figures"}
     used = {name for page in (ROOT / "docs").rglob("*.md") for name in generated.markers(page.read_text())}
     assert used <= known, used - known
-    assert "cli-help" in generated.markers((ROOT / "docs" / "reference" / "cli.md").read_text())
+    assert {"cli-help", "supervise-help"} <= set(generated.markers((ROOT / "docs" / "reference" / "cli.md").read_text()))
     assert "bench-figures" in generated.markers((ROOT / "docs" / "results" / "benchmarks.md").read_text())
 
 

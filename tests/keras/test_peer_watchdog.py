@@ -27,3 +27,22 @@ def test_one_heartbeat_per_process_takes_the_newest_fit_s_timeout():
     second = _watchdog.shared(10, None)
     assert first is second and second.timeout == 10 and second.interval == 0.5
     assert all(address.count(".") == 3 for address in _watchdog.local_addresses())
+
+
+def test_in_a_partition_the_note_of_the_ranks_that_hear_rank_0_wins(tmp_path):
+    """A cut link leaves both sides running and both may write the shared note: the side that lost rank 0 keeps a
+    note of this job's (written since its start) and writes its own only where there is none, or an old one."""
+    import os
+    import time
+
+    note = tmp_path / "ckpt" / "peer_lost.txt"
+    started = time.time()
+    _watchdog._write_note(str(note), "rank 1 lost (rank 0's view)\n")
+    _watchdog._write_note(str(note), "rank 0 lost (rank 1's view)\n", first_only=True, since=started)
+    assert note.read_text() == "rank 1 lost (rank 0's view)\n"
+    os.utime(note, (started - 3600, started - 3600))  # a note of an earlier run
+    _watchdog._write_note(str(note), "rank 0 lost (rank 1's view)\n", first_only=True, since=started)
+    assert note.read_text() == "rank 0 lost (rank 1's view)\n"
+    _watchdog._write_note(str(note), "rank 1 lost (rank 0's view)\n")  # rank 0's side always writes
+    assert note.read_text() == "rank 1 lost (rank 0's view)\n"
+    assert sorted(p.name for p in note.parent.iterdir()) == ["peer_lost.txt"]

@@ -5,11 +5,16 @@ that dies, freezes or is cut off, or a rank that raises, in the middle of traini
 The demo runs 4 ranks, 2 per host; the fault and slow-rank tests run 2 ranks, one per host (half the processes on
 this machine's 2 cores; the heartbeat and the launchers' paths are the same at 2 and 4 ranks).
 
-What each fault test asserts, on what the job reports (the newest checkpoint's iteration, not a sleep):
+What each fault test asserts, on what the job reports (the newest checkpoint's iteration, not a sleep), with the
+launcher run under hvd_sched.supervise as the docs tell users to:
 - the launcher and every surviving rank end within the bound (TrainingCheckpoint's peer_timeout, 10 s here, plus
-  the launcher's own teardown; the run is failed as hung past PEER_TIMEOUT + TEARDOWN);
+  supervise's grace and SIGTERMs and the launcher's own teardown; the run is failed as hung past that), and no
+  process of the job is left on any host;
 - a survivor prints which rank and host stopped answering, its iteration and the newest checkpoint, and exits
-  75 (hvd_sched.keras.PEER_LOST_STATUS); mpirun exits with it; horovodrun exits 1 and names the ranks' 75;
+  75 (hvd_sched.keras.PEER_LOST_STATUS); horovodrun exits 1 by itself, mpirun waits for its lost daemon until
+  supervise's third SIGTERM; the job (supervise) exits 75 and its last line names the lost rank and host;
+- a host whose processes are all killed while its kernel lives ("crashed") is seen by the launchers at once:
+  mpirun names the host and exits 0 or 255, and supervise turns that into 75; horovodrun exits 1 naming rank 1;
 - the host comes back (a reboot: its processes gone, its link up, its sshd answering), the same command with
   --resume runs to the end, and its final checkpoint is, bit for bit, the one of the same job never stopped.
 
@@ -17,8 +22,9 @@ The healthy ones: a rank that validates 35 s longer than the others, a checkpoin
 by 35 s, all longer than the 10 s bound and Gloo's own 30 s timeout, run to the end on the reference's weights.
 
 The default run takes the combinations whose paths differ (CI's time): under Gloo a frozen host, a cut-off host and
-a raising rank; under mpirun a frozen and a dead host; a slow validation (Gloo) and a slow save (mpirun). A dead host
-is, to the survivors, a cut-off one whose processes are gone (no datagram and no TCP reset comes from either).
+a raising rank; under mpirun a frozen, a dead and a crashed host; a slow validation (Gloo) and a slow save (mpirun),
+also under supervise. A dead host is, to the survivors, a cut-off one whose processes are gone (no datagram and no
+TCP reset comes from either).
 HVD_SCHED_TEST_NODES=all runs every fault under both launchers and the slow first step too (all passed on this
 machine when they were written).
 The time from each fault to the job's end goes to PYTEST's tmp folder as nodes_timings.json (the figures of
@@ -56,7 +62,9 @@ EPOCHS, STEPS, BATCH, PERIOD, FAULT_AT = 2, 44, 8, 20, 60
 # The fault tests' 2 ranks (one per host): 89 iterations per epoch at batch 8, 178 in all.
 EPOCHS_2, STEPS_2 = 2, 89
 ALL = os.environ.get("HVD_SCHED_TEST_NODES") == "all"
-PEER_TIMEOUT, TEARDOWN, MPIRUN_GRACE = 10, 90, 10
+PEER_TIMEOUT, TEARDOWN = 10, 90
+# hvd_sched.supervise's defaults: 10 s of grace after peer_lost.txt, three SIGTERMs a second apart, SIGKILL 10 s on.
+SUPERVISE = 10 + 2 + 10
 LOST = re.compile(r"hvd_sched: rank (\d+) \(host (\S+), pid \d+\) (has not answered for [0-9.]+ s|failed)")
 
 
@@ -227,11 +235,13 @@ def PAIR(hosts):
     return [(hosts.names[0], 1), (hosts.names[1], 1)]
 
 
-FAULTS = {"frozen": "freeze", "dead": "kill", "cut": "cut"}
+FAULTS = {"frozen": "freeze", "dead": "kill", "cut": "cut", "crashed": "crash"}
 
 
-DEFAULT_FAULTS = [("gloo", "frozen"), ("gloo", "cut"), ("gloo", "raise"), ("mpirun", "frozen"), ("mpirun", "dead")]
-EVERY_FAULT = [(launcher, fault) for launcher in ("gloo", "mpirun") for fault in ("frozen", "dead", "cut", "raise")]
+DEFAULT_FAULTS = [("gloo", "frozen"), ("gloo", "cut"), ("gloo", "raise"), ("mpirun", "frozen"), ("mpirun", "dead"),
+                  ("mpirun", "crashed")]
+EVERY_FAULT = [(launcher, fault) for launcher in ("gloo", "mpirun")
+               for fault in ("frozen", "dead", "cut", "crashed", "raise")]
 
 
 @pytest.mark.parametrize("launcher,fault", EVERY_FAULT if ALL else DEFAULT_FAULTS)
@@ -258,36 +268,23 @@ def test_a_node_that_stops_answering_ends_the_job_loudly_and_resume_is_exact(hos
 
         def during(proc):
             return _when_checkpoint_reaches(out, FAULT_AT, lambda: getattr(hosts, FAULTS[fault])(victim), proc)
-    launcher_hangs = launcher == "mpirun" and fault != "raise"
-    if launcher_hangs:
-        # mpirun waits for its daemon on the lost host, which never answers (KNOWN: Open MPI 5.0.11's prterun,
-        # measured still running 100 s after the survivors left): the test waits for the surviving ranks to
-        # leave, gives mpirun MPIRUN_GRACE more seconds, then ends it as a user's time limit would.
-        ranks_during = during
-
-        def during(proc):
-            faulted = ranks_during(proc)
-            if faulted is None:
-                return None  # ended before the fault
-            log = tmp_path / "first" / "output.txt"
-            deadline = faulted + PEER_TIMEOUT + TEARDOWN
-            while time.monotonic() < deadline and proc.poll() is None:
-                if "This is rank 0 on host" in log.read_text():
-                    break
-                time.sleep(0.05)
-            left = time.monotonic()
-            try:
-                proc.wait(timeout=MPIRUN_GRACE)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, 9)
-                proc.wait()
-                timings[f"{launcher}/{fault}/mpirun_still_running_s"] = round(time.monotonic() - left, 1)
-            timings[f"{launcher}/{fault}/ranks_left_s"] = round(left - faulted, 1)
-            return faulted
     try:
-        code, output, faulted, ended = _run(cmd, env, tmp_path / "first", PEER_TIMEOUT + TEARDOWN, during)
+        code, output, faulted, ended = _run(_supervised(cmd, out), env, tmp_path / "first",
+                                            PEER_TIMEOUT + SUPERVISE + TEARDOWN, during)
     finally:
         hosts.restore(victim)
+    left = _processes_of(out)
+    if left and (launcher, fault) == ("gloo", "crashed"):
+        # horovodrun exited at once on rank 1's end; rank 0, on the other host, is not its child: horovodrun ends
+        # it in some runs, and in others rank 0 outlives it and ends itself on its heartbeat's verdict (75 and
+        # peer_lost.txt) within PEER_TIMEOUT, unheard (its output went through horovodrun).
+        deadline = time.monotonic() + PEER_TIMEOUT + 15
+        while left and time.monotonic() < deadline:
+            time.sleep(0.2)
+            left = _processes_of(out)
+        note = out / "ckpt" / "peer_lost.txt"
+        assert not note.exists() or LOST.search(note.read_text()).group(2) == victim, note.read_text()
+    assert not left, f"still running after the job ended: {left}\n{output[-6000:]}"
     assert faulted is not None, output[-6000:]
     assert code != 0, output[-6000:]
     where = _hostname_of_ranks(hosts, 1)
@@ -300,20 +297,44 @@ def test_a_node_that_stops_answering_ends_the_job_loudly_and_resume_is_exact(hos
         assert named <= {(1, where[1])}, (named, output[-6000:])
         assert "Exiting with status 75" not in output, output[-6000:]
         assert not (out / "ckpt" / "peer_lost.txt").exists(), output[-6000:]
+        assert code == 1 and _launcher_status(output) == 1, (code, output[-6000:])
+    elif fault == "crashed" and launcher == "gloo":
+        # Every process of the host killed, its kernel alive: horovodrun sees rank 1's ssh end (status 255) at
+        # once, ends rank 0 and exits 1 naming rank 1 ("Process name: 1 / Exit code: 255"), before rank 0's
+        # heartbeat could: status 1, no note (a script requeueing on 75 does not requeue it; a Job's restart does).
+        assert code == 1 and _launcher_status(output) == 1, (code, output[-6000:])
+        assert re.search(r"Process name: 1\s+Exit code: 255", output), output[-6000:]
+    elif fault == "crashed":
+        # The same under mpirun: the kernel resets prted's connection and prterun ends the job itself at once,
+        # killing the surviving rank before its heartbeat's verdict, and names the host, not the rank ("PRTE has
+        # lost communication with a remote daemon ... on node NAME", or "A daemon failed to report back ... Remote
+        # host: NAME"), exiting 0 or 255 (both seen). supervise reads that report and exits 75: a job that did not
+        # finish is never a success. (With prterun on the first host, as in ../shared/STACK_NOTES.md, it exited 0
+        # and left its own rank running: supervise waits for such orphans, tests/unit/test_supervise.py.)
+        assert re.search(rf"(on node|Remote host:) +{re.escape(victim)}\b", output), output[-6000:]
+        assert code == 75 and f"lost its daemon on {victim}" in output, (code, output[-6000:])
     else:
         assert named, f"no survivor named the rank that stopped answering:\n{output[-6000:]}"
         assert named <= {(r, h) for r, h in where.items() if h == victim}, (named, output[-6000:])
         assert re.search(r"newest checkpoint: \S+ \(iteration (\d+)\)", output), output[-6000:]
         note = out / "ckpt" / "peer_lost.txt"  # what a job script reads (examples/slurm/train.sbatch)
         assert note.is_file() and LOST.search(note.read_text()), output[-6000:]
-        if launcher_hangs:
-            assert output.count("Exiting with status 75") >= 1 and "Exit code:    75" in output, output[-6000:]
-        elif launcher == "mpirun":
-            assert code == 75, (code, output[-6000:])
+        # The job ends with 75 whatever the launcher did, and its last line names the lost rank and its host
+        # (hvd_sched.supervise prints the note last), not the survivor that the launcher names.
+        assert code == 75, (code, output[-6000:])
+        last = output.rstrip().splitlines()[-1]
+        assert {(int(r), h) for r, h, _ in LOST.findall(last)} == named, (last, output[-6000:])
+        if launcher == "mpirun":
+            # Open MPI's prterun reports the rank's 75, then waits for its daemon on the lost host, which never
+            # answers (measured: still running 100 s after the ranks left, Open MPI 5.0.11); supervise's three
+            # SIGTERMs end it (prte.c: the third exits).
+            assert "Exit code:    75" in output and "sending it SIGTERM three times" in output, output[-6000:]
         else:
-            assert "exit with status code 75" in output, output[-6000:]
+            # horovodrun ends by itself once its ranks have exited (75), with a status of its own.
+            assert "exit with status code 75" in output and _launcher_status(output) == 1, output[-6000:]
     newest = latest_meta(out)
     timings[f"{launcher}/{fault}"] = {"seconds_to_end": round(ended - faulted, 1), "status": code,
+                                      "launcher_status": _launcher_status(output),
                                       "checkpoint_iteration": newest["iteration"], "fault_after": FAULT_AT}
     # Requeued: the same command with --resume ends on the run never stopped, bit for bit.
     code, output, _, _ = _run(_command(hosts, launcher, DEMO, out, PAIR(hosts), resume=True), _env(hosts),
@@ -321,6 +342,31 @@ def test_a_node_that_stops_answering_ends_the_job_loudly_and_resume_is_exact(hos
     assert code == 0, output[-6000:]
     assert f"resumed from {out}/ckpt/" in output
     assert_same_final_checkpoint(out, reference, EPOCHS_2, STEPS_2)
+
+
+def _supervised(cmd, out):
+    """The launcher under hvd_sched.supervise, as docs/how-to/launching.md tells users to run it."""
+    return [sys.executable, "-m", "hvd_sched.supervise", "--checkpoint-dir", str(out / "ckpt"), "--", *cmd]
+
+
+def _launcher_status(output):
+    found = re.findall(r"hvd_sched\.supervise: \S+ exited with status (\d+)", output)
+    return int(found[-1]) if found else None
+
+
+def _processes_of(out):
+    """Processes (on any host: the namespaces share this machine's pids) whose command line names the job's OUT."""
+    needle = str(out).encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                words = handle.read()
+        except OSError:
+            continue
+        if entry.isdigit() and needle in words and int(entry) != os.getpid():
+            found.append((int(entry), words.replace(b"\0", b" ")[:200].decode(errors="replace")))
+    return found
 
 
 SLOW = [("validation", 1, "gloo"), ("save", 0, "mpirun")] + ([("first_step", 1, "gloo")] if ALL else [])
@@ -334,7 +380,9 @@ def test_a_slow_rank_that_is_alive_is_never_stopped(hosts, kind, rank, launcher,
     out = tmp_path / "out"
     env = _env(hosts, {"HVD_SCHED_TEST_FAULT": kind, "HVD_SCHED_TEST_FAULT_RANK": str(rank),
                        "HVD_SCHED_TEST_FAULT_AT": str(FAULT_AT), "HVD_SCHED_TEST_FAULT_SECONDS": "35"})
-    code, output, _, _ = _run(_command(hosts, launcher, FAULT_JOB, out, PAIR(hosts)), env, tmp_path, 500)
+    # Under hvd_sched.supervise as users run it: it never acts on a job that is only slow.
+    code, output, _, _ = _run(_supervised(_command(hosts, launcher, FAULT_JOB, out, PAIR(hosts)), out), env,
+                              tmp_path, 500)
     assert code == 0, output[-6000:]
     assert "fault_job: rank" in output, output[-4000:]
     assert not LOST.findall(output), output[-6000:]

@@ -179,9 +179,11 @@ def _mpijob_launcher_script(out):
     [job] = yaml.safe_load_all((ROOT / "examples" / "kubernetes" / "mpijob.yaml").read_text())
     [container] = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
     assert container["command"][:2] == ["bash", "-c"]
-    script, count = re.subn(r"^mpirun (--allow-run-as-root -np 2) python examples/train_keras.py .*--resume --out "
-                            r"\S+ &$",
-                            lambda m: " ".join([str(pathlib.Path(sys.executable).with_name("mpirun")), m.group(1),
+    script, count = re.subn(r"^python -m hvd_sched.supervise --checkpoint-dir \S+ -- mpirun (--allow-run-as-root -np 2) "
+                            r"python examples/train_keras.py .*--resume --out \S+ &$",
+                            lambda m: " ".join([sys.executable, "-m", "hvd_sched.supervise", "--checkpoint-dir",
+                                                str(out / "ckpt"), "--",
+                                                str(pathlib.Path(sys.executable).with_name("mpirun")), m.group(1),
                                                 sys.executable, str(SCRIPT), *map(str, ARGS), "--resume", "--out",
                                                 str(out), "&"]),
                             container["command"][2], flags=re.MULTILINE)

@@ -29,7 +29,7 @@ LAYERS = (
     ("hvd_sched.config",),
     ("hvd_sched",),
     ("hvd_sched.keras.*",),
-    ("hvd_sched.plot", "hvd_sched.cli"),
+    ("hvd_sched.plot", "hvd_sched.cli", "hvd_sched.supervise"),
 )
 # Utilities outside the floors: anyone may import them, and they import nothing of hvd_sched.
 STANDALONE = ("hvd_sched._version", "hvd_sched._compat")
