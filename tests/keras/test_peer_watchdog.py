@@ -46,3 +46,11 @@ def test_in_a_partition_the_note_of_the_ranks_that_hear_rank_0_wins(tmp_path):
     _watchdog._write_note(str(note), "rank 1 lost (rank 0's view)\n")  # rank 0's side always writes
     assert note.read_text() == "rank 1 lost (rank 0's view)\n"
     assert sorted(p.name for p in note.parent.iterdir()) == ["peer_lost.txt"]
+
+
+def test_supervise_exits_with_the_ranks_status_and_reads_their_note():
+    """hvd_sched.supervise (standard library only) repeats the two values rather than import TensorFlow."""
+    from hvd_sched import supervise
+    from hvd_sched.keras.checkpoint import PEER_LOST_NOTE
+
+    assert supervise.PEER_LOST_STATUS == hk.PEER_LOST_STATUS and supervise.NOTE == PEER_LOST_NOTE

@@ -34,7 +34,7 @@ LAUNCHER = textwrap.dedent("""
             rank.send_signal(signal.SIGUSR1)
     for signum in (signal.SIGTERM, signal.SIGUSR1):  # before the rank starts: a signal may come at once
         signal.signal(signum, on_term)
-    rank = subprocess.Popen([sys.executable, "-c", RANK, mode, folder], process_group=0)
+    rank = subprocess.Popen([sys.executable, "-c", RANK, mode, folder], preexec_fn=os.setpgrp)
     open(os.path.join(folder, "rank.pid"), "w").write(str(rank.pid))
     if mode == "prte_lost":  # prterun after its daemon's connection failed: it kills the ranks and exits 0
         os.killpg(rank.pid, signal.SIGKILL)
@@ -176,10 +176,3 @@ def test_a_command_that_cannot_start_exits_2(tmp_path):
                              str(tmp_path / "no-such-launcher")], cwd=ROOT, capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 2 and "cannot start" in result.stderr, result.stderr
-
-
-def test_the_status_is_the_ranks_own():
-    from hvd_sched import supervise
-    from hvd_sched.keras import PEER_LOST_STATUS
-    from hvd_sched.keras.checkpoint import PEER_LOST_NOTE
-    assert supervise.PEER_LOST_STATUS == PEER_LOST_STATUS and supervise.NOTE == PEER_LOST_NOTE
