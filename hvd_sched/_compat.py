@@ -11,8 +11,9 @@ import Horovod themselves). On import it:
    `keras_major`), makes `import keras` resolve to `tf_keras`: Horovod 0.28.1's Keras layer does
    `from keras import backend`, and Keras 3 there breaks `MetricAverageCallback` (`module 'keras.backend'
    has no attribute 'constant'`). Where `tf.keras` is Keras 3 (the keras3 row) `keras` is left alone;
-3. imports `horovod.tensorflow` and turns a failed load (Horovod missing, or built against another
-   TensorFlow) into the same clear error.
+3. imports `horovod.tensorflow` and turns a failed load (a Horovod built against another TensorFlow, or broken)
+   into the same clear error. Where Horovod is not installed at all, hvd_sched.keras runs in one process
+   (`HOROVOD` is False): the names that need Horovod raise `HorovodMissingError` when used, naming the install.
 
 Nothing of Horovod's is patched. On the tf-keras rows users import `hvd_sched.keras` (or
 `hvd_sched._compat`) before `horovod.tensorflow.keras`, and the error says which line to move when they do
@@ -28,8 +29,8 @@ import os
 import pathlib
 import sys
 
-__all__ = ["SUPPORTED_STACKS", "UnsupportedStackError", "installed_stack", "stack_problems", "check_stack",
-           "keras_major"]
+__all__ = ["SUPPORTED_STACKS", "UnsupportedStackError", "HorovodMissingError", "installed_stack", "stack_problems",
+           "check_stack", "keras_major", "horovod_installed", "require_horovod", "HOROVOD"]
 
 _Row = collections.namedtuple("_Row", "python tensorflow tf_keras keras numpy horovod")
 # name -> (Python, TensorFlow, tf-keras or None when tf.keras is not tf-keras, the keras pin or None when
@@ -173,7 +174,7 @@ def stack_problems(*, python, numpy, tensorflow, tf_keras, keras, horovod, horov
             problems.append(f"tf-keras {tf_keras} does not match TensorFlow {tensorflow} (they are released in "
                             "step: install the tf-keras of the same minor version)")
     if horovod is None:
-        problems.append("Horovod is not installed (it must be built from source against this TensorFlow)")
+        problems.append(HOROVOD_MISSING)
     elif horovod_tf not in (None, "unknown") and _major_minor(horovod_tf) != tf_mm:
         problems.append(f"Horovod {horovod} was built against TensorFlow {horovod_tf}, not the installed "
                         f"{tensorflow}: rebuild it (pip uninstall horovod, then rerun scripts/install.sh)")
@@ -215,10 +216,18 @@ def _message(problems, found):
             + _install_command(found["python"], found.get("legacy_keras")))
 
 
-def check_stack():
-    """Raises `UnsupportedStackError` (found / supported / install command) unless hvd_sched.keras can run."""
+def check_stack(require_horovod=True):
+    """Raises `UnsupportedStackError` (found / supported / install command) unless hvd_sched.keras can run.
+
+    Args:
+        require_horovod: where False, a Horovod that is not installed at all is no problem (hvd_sched.keras then
+            runs in one process: the solver, the callbacks, the checkpoints; the names that need Horovod raise
+            `HorovodMissingError` when used). A Horovod that is installed but built for another TensorFlow is
+            refused either way.
+    """
     found = installed_stack()
-    problems = stack_problems(**found)
+    problems = [problem for problem in stack_problems(**found)
+                if require_horovod or problem != HOROVOD_MISSING]
     if problems:
         raise UnsupportedStackError(_message(problems, found))
     return found
@@ -272,7 +281,40 @@ def _use_tf_keras_as_keras(found):
     sys.modules["keras"] = tf_keras
 
 
+def horovod_installed(found=None):
+    """True where a Horovod is installed here (its package metadata or its module), whether it loads or not."""
+    found = installed_stack() if found is None else found
+    return found["horovod"] is not None or importlib.util.find_spec("horovod") is not None
+
+
+class HorovodMissingError(ImportError):
+    """A name of hvd_sched.keras that needs Horovod was used where Horovod is not installed.
+
+    An `ImportError` subclass; its message names what was used, this Python, and the install.
+    """
+
+
+HorovodMissingError.__module__ = "hvd_sched.keras"  # its public name, in tracebacks
+
+
+def require_horovod(what):
+    """Raise `HorovodMissingError` naming `what` (e.g. "hvd_sched.keras.DistributedOptimizer") where Horovod is
+    not installed; return None otherwise."""
+    if HOROVOD:
+        return
+    raise HorovodMissingError(
+        f"{what} needs Horovod, and Horovod is not installed in this environment ({sys.executable}). To train "
+        "on several processes, install it, built against this TensorFlow: bash scripts/install.sh (from a "
+        "checkout of hvd_sched; HVD_SCHED_STACK=<row> for another row). In one process leave it out: the "
+        "solver (ScheduledOptimizer, build_optimizer), the callbacks, TrainingCheckpoint and load_model "
+        "work without Horovod (docs/how-to/off-cluster.md).")
+
+
 def _import_horovod(found):
+    global HOROVOD
+    if not horovod_installed(found):
+        HOROVOD = False  # one process without Horovod: require_horovod() names the install where it is needed
+        return
     import tensorflow as tf
 
     try:
@@ -282,8 +324,16 @@ def _import_horovod(found):
         raise UnsupportedStackError(_message([problem], found)) from error
 
 
+#: Whether Horovod is installed here (and loaded: a Horovod that is installed but does not load stops the import).
+HOROVOD = True
+
+#: stack_problems' words for a stack without Horovod (a problem for a distributed job; hvd_sched.keras imports
+#: without it, in one process).
+HOROVOD_MISSING = "Horovod is not installed (it must be built from source against this TensorFlow)"
+
+
 def _prepare():
-    found = check_stack()
+    found = check_stack(require_horovod=False)
     _use_tf_keras_as_keras(found)
     _import_horovod(found)
 

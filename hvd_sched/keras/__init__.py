@@ -1,5 +1,10 @@
 """Keras glue for hvd_sched (imports TensorFlow and Horovod; `import hvd_sched` alone does not).
 
+Where Horovod is not installed, it runs in one process (the solver, the callbacks, the checkpoints, `load_model`);
+the names that need Horovod (`DistributedOptimizer`, `BroadcastVariables`, `AverageMetrics`, `ElasticLRScaler`,
+`elastic_state`, a launcher's job of several processes) raise `HorovodMissingError`, naming the install. A Horovod
+that is installed but does not load (built for another TensorFlow) stops the import, as before.
+
 The same names on Keras 2 (TensorFlow 2.15's `tf.keras`, tf-keras) and Keras 3 (`KERAS_MAJOR` says which):
 
 - `ScheduledOptimizer(optimizer, schedule, ...)`: LR from `optimizer.iterations` in the training graph, momentum
@@ -44,6 +49,7 @@ from .saving import load_model
 from .distributed import AverageMetrics, BroadcastVariables, DistributedCheck, DistributedOptimizer
 from .elastic import ElasticLRScaler, elastic_state
 from ._horovod import LauncherMismatchError, check_launcher
+from .._compat import HorovodMissingError
 from .guards import NonFiniteLossError, RankConsistencyCheck, RankMismatchError, StopOnNonFinite
 from .lr_schedule import ScheduleLR
 from .optimizer import ScheduledOptimizer, custom_objects, is_scheduled, scheduled_class, scheduled_of
@@ -57,4 +63,4 @@ __all__ = ["ScheduledOptimizer", "DistributedOptimizer", "ScheduleCallback", "Le
            "RankConsistencyCheck", "NonFiniteLossError", "RankMismatchError", "DistributedCheck",
            "BroadcastVariables", "AverageMetrics", "ElasticLRScaler", "elastic_state", "build_optimizer", "describe_optimizer",
            "parameter_groups", "iteration_count", "KERAS_MAJOR", "check_launcher",
-           "LauncherMismatchError"]
+           "LauncherMismatchError", "HorovodMissingError"]

@@ -86,10 +86,14 @@ def check_launcher(require_init=True):
     else:
         initialized = hvd.is_initialized()
         horovod_size = hvd.size() if initialized else 1
-    if not initialized and not require_init:
-        return
+    from .. import _compat
+
+    if not initialized and not require_init and _compat.HOROVOD:
+        return  # hvd.init() may still come; without Horovod it never will: check now
     problem = launcher_problem(os.environ, horovod_size, initialized)
     if problem:
+        if not _compat.HOROVOD:
+            _compat.require_horovod(f"{problem.split(', but ')[0]}: a job of several processes")
         raise LauncherMismatchError(problem)
 
 
@@ -105,6 +109,8 @@ def xla_ops_enabled():
 
 def is_adasum(op):
     """True where `op` is Horovod's Adasum reduction."""
+    if op is None:
+        return False
     import horovod.tensorflow as hvd
 
     return op is not None and op == hvd.Adasum

@@ -277,8 +277,36 @@ def distributed_optimizer(optimizer, **kwargs):
                    "average_aggregated_gradients": False, "groups": None,
                    "process_set": hvd_tf.global_process_set, "scale_local_gradients": True}
         options.update(kwargs)
-        return horovod_keras.create_distributed_optimizer(keras=hvd.keras, optimizer=optimizer, **options)
-    return hvd.DistributedOptimizer(optimizer, **kwargs)
+        return _not_in_saved_models(
+            horovod_keras.create_distributed_optimizer(keras=hvd.keras, optimizer=optimizer, **options))
+    return _not_in_saved_models(hvd.DistributedOptimizer(optimizer, **kwargs))
+
+
+class _NotSaved:
+    """A callable around Horovod's gradient allreduce (a `tf.function`) that a SavedModel does not save.
+
+    Horovod's Keras 2 wrapper keeps its allreduce as the optimizer's attribute `_allreduce_grads`, a `tf.function`;
+    `model.save(dir, save_format="tf")` and `tf.saved_model.save` save every `tf.function` an object holds, with
+    the graphs traced in training, so the SavedModel holds `HorovodAllreduce` ops and does not load where Horovod
+    is absent ("Op type not registered 'HorovodAllreduce'", even with compile=False: horovod #4028). Held in this
+    plain object the function is called as before and saved nowhere: the serving graph has no collective.
+    """
+
+    __slots__ = ("function",)
+
+    def __init__(self, function):
+        self.function = function
+
+    def __call__(self, *args, **kwargs):
+        return self.function(*args, **kwargs)
+
+
+def _not_in_saved_models(optimizer):
+    """`optimizer` (Horovod's wrapper) with its allreduce function out of every SavedModel (see `_NotSaved`)."""
+    function = getattr(optimizer, "_allreduce_grads", None)
+    if function is not None and not isinstance(function, _NotSaved):
+        optimizer._allreduce_grads = _NotSaved(function)
+    return optimizer
 
 
 def distribution_problem(optimizer):

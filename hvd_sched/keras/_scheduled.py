@@ -430,6 +430,42 @@ class ScheduledBase:
         self._hvd_sched_lr_scale_var.assign(new)
         return float(applied)
 
+    def follow_schedule_from(self, last_lr, iteration):
+        """Go on with this optimizer's own schedule from `iteration`, where the previous update used `last_lr`.
+
+        For a checkpoint trained with another schedule or at another world size (fine-tuning with a new schedule):
+        the LR scale goes back to 1 (the LR of iteration `it` is `schedule.lr_at(it)`), and the momentum slots,
+        which carry `last_lr` (V := mu*V + lr*grad), are rescaled as Detectron's rule does when the LR goes from
+        `last_lr` to `schedule.lr_at(iteration)` (`SCALE_MOMENTUM`, its threshold and mode: no rescale below the
+        threshold, none where the slots do not carry the LR). The next step's own correction, between the
+        schedule's LRs of `iteration - 1` and `iteration`, is taken out of that factor, so the two together make
+        Detectron's one. Call it eagerly, before the first step (`restore_latest(..., lr_rule="schedule")` does).
+
+        Args:
+            last_lr: the LR of the update before `iteration` (a checkpoint's "last_lr"), or None (no update yet).
+            iteration: the next update's index (the restored iteration counter).
+
+        Returns:
+            The float32 factor applied to the slots (1.0 if none were rescaled).
+        """
+        from .. import momentum
+
+        self._hvd_sched_lr_scale_var.assign(1.0)
+        mode, threshold = self._hvd_sched.mode, self._hvd_sched.threshold
+        if last_lr is None or iteration <= 0 or mode == "off":
+            return 1.0
+        new = np.float32(self.schedule.lr_at(iteration))
+        wanted = momentum.correction_factor(np.float32(last_lr), new, mode, threshold)
+        wanted = np.float32(1.0) if wanted is None else np.float32(wanted)
+        # What the next step applies by itself (the schedule's own change from iteration - 1 to iteration).
+        own = momentum.correction_factor(np.float32(self.schedule.lr_at(iteration - 1)), new, mode, threshold)
+        own = np.float32(1.0) if own is None or own == 0 else np.float32(own)
+        factor = np.float32(wanted / own)
+        if factor != 1:
+            for slot in _backend.all_momentum_slots(self):
+                _backend.scale_variable(slot, factor)
+        return float(factor)
+
     def copy_schedule_state(self, other):
         """Take `other`'s schedule state that lives outside Keras' optimizer variables: the LR scale (elastic)
         and the last applied step (mixed precision), e.g. into its distributed copy."""

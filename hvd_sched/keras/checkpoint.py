@@ -18,6 +18,7 @@ import tensorflow as tf
 from .. import _validation
 from . import _backend, _horovod, _stop, _watchdog
 from ._tracking import iteration_count, note_restored, resume_offset
+from .optimizer import scheduled_of
 from ._watchdog import PEER_LOST_STATUS
 
 # The file in a TrainingCheckpoint's folder that a rank ending with PEER_LOST_STATUS writes its message to.
@@ -25,6 +26,9 @@ PEER_LOST_NOTE = "peer_lost.txt"
 
 __all__ = ["TrainingCheckpoint", "EpochCheckpoint", "TrainingInterrupted", "PEER_LOST_STATUS", "latest_checkpoint",
            "restore_latest", "resume_plan", "FitPart", "write_checkpoint"]
+
+#: restore_latest's `lr_rule` choices for a checkpoint of another world size or schedule (None: refuse those).
+LR_RULES = ("linear", "schedule")
 
 _LATEST = "latest"
 #: TrainingCheckpoint's default peer_timeout (seconds): a heartbeat is missed only by a host that is gone, so the
@@ -118,7 +122,7 @@ def write_checkpoint(directory, model, meta, keep=3, optimizer=None):
     return final
 
 
-def restore_latest(directory, model, optimizer=None):
+def restore_latest(directory, model, optimizer=None, *, lr_rule=None):
     """Restore the newest complete checkpoint of `directory` into `model` (and its optimizer) on every rank.
 
     Every rank reads the checkpoint (a shared or copied directory); under Horovod rank 0's metadata and then
@@ -127,18 +131,36 @@ def restore_latest(directory, model, optimizer=None):
     `model.fit(..., initial_epoch=meta["epoch"] + 1)`; a checkpoint saved inside an epoch first needs the rest
     of that epoch (a fit that does otherwise is stopped before its first step, naming the fix).
 
+    A checkpoint written at another world size (a 2-rank job fine-tuned in one process), or whose schedule gave
+    another LR at its iteration than this optimizer's, is refused unless `lr_rule` says how the LR goes on (the
+    momentum slots carry the LR of the last update, so a silent change would train with a wrong momentum):
+
+    - `"linear"`: the checkpoint's schedule and iteration continue (build the optimizer as the job did) with the
+      LR scaled by new world size / old (the linear scaling rule, `ElasticLRScaler`'s), the momentum slots
+      rescaled by the same factor;
+    - `"schedule"`: this optimizer's own schedule (a new one for fine-tuning) from the checkpoint's iteration, the
+      slots rescaled as Detectron's rule does when the LR goes from the checkpoint's last LR to this schedule's.
+
     Args:
         directory: the TrainingCheckpoint directory.
         model: the compiled model to restore into.
         optimizer: default `model.optimizer`.
+        lr_rule: None (the same world size and schedule as the checkpoint's, else a ValueError naming the two
+            rules), "linear" or "schedule" (`LR_RULES`).
 
     Returns:
         The checkpoint's metadata dict ("epoch", "step", "steps_per_epoch", "iteration", "micro_batches",
-        "signal", "path"), or None if there is none yet.
+        "signal", "path", "world_size", "lr", "last_lr"), or None if there is none yet.
         Its keys: "iteration" is the updates made (Detectron's iteration); "epoch" the Keras epoch (0-based) the
         checkpoint was saved in and "step" the updates made in it, out of "steps_per_epoch" (an epoch-end checkpoint has
         step == steps_per_epoch); "micro_batches" the micro-batches per update; "signal" the signal that stopped the job
-        ("SIGTERM"), or null.
+        ("SIGTERM"), or null; "world_size" the ranks that wrote it; "lr" and "last_lr" the ScheduledOptimizer's LR of
+        the next update and of the last one (null where there is none); with an `lr_rule`, "slot_factor", the factor
+        the momentum slots were rescaled by.
+
+    Raises:
+        ValueError: `lr_rule` is none of the above, or None where the world size or the schedule changed, or
+            "linear" where this optimizer's schedule is not the checkpoint's.
 
     Examples:
         ```python
@@ -149,7 +171,12 @@ def restore_latest(directory, model, optimizer=None):
         ```
     """
     _horovod.check_launcher(require_init=False)
+    if lr_rule is not None and lr_rule not in LR_RULES:
+        raise ValueError(f"lr_rule must be None, 'linear' or 'schedule', got {lr_rule!r}")
     optimizer = optimizer or model.optimizer
+    if lr_rule is not None and scheduled_of(optimizer) is None:
+        raise ValueError(f"lr_rule={lr_rule!r} needs a ScheduledOptimizer (its schedule gives the LR), got "
+                         f"{type(optimizer).__name__}")
     meta = latest_checkpoint(directory)
     if meta is not None:
         _backend.build_slots(optimizer, model.trainable_variables)
@@ -162,8 +189,69 @@ def restore_latest(directory, model, optimizer=None):
             _backend.build_slots(optimizer, model.trainable_variables)
             variables = list(model.variables) + _backend.optimizer_variables(optimizer)
             hvd.broadcast_variables(_backend.backing_variables(variables), root_rank=0)
+    if meta is not None:
+        _continue_lr(meta, scheduled_of(optimizer), lr_rule)
     note_restored(model, meta)
     return meta
+
+
+def schedule_meta(optimizer, iteration):
+    """The checkpoint metadata that says how its LR goes on: {"world_size", "lr", "last_lr"} (see
+    `restore_latest`); the LRs are null where `optimizer` is not scheduled, "last_lr" at iteration 0."""
+    scheduled = scheduled_of(optimizer)
+    iteration = int(iteration)
+    return {"world_size": int(_horovod.size()),
+            "lr": None if scheduled is None else scheduled.lr_at(iteration),
+            "last_lr": None if scheduled is None or iteration == 0 else scheduled.lr_at(iteration - 1)}
+
+
+def _continue_lr(meta, scheduled, lr_rule):
+    """Check or apply `lr_rule` (see restore_latest) on the restored `scheduled` optimizer; fills
+    meta["slot_factor"] where a rule was applied."""
+    if scheduled is None:
+        return
+    iteration = int(meta["iteration"])
+    saved_size, size = meta.get("world_size"), int(_horovod.size())
+    where = f"the checkpoint {meta.get('path', '')} (iteration {iteration}"
+    saved_last, own_last = meta.get("last_lr"), (scheduled.lr_at(iteration - 1) if iteration > 0 else None)
+    same_schedule = saved_last is None or np.float32(saved_last) == np.float32(own_last)
+    choices = ("restore_latest(..., lr_rule='linear') to continue its schedule with the LR scaled by the world "
+               "sizes (the linear scaling rule; build the optimizer with the job's schedule), or "
+               "lr_rule='schedule' to follow this optimizer's schedule from that iteration (a new one for "
+               "fine-tuning); either rescales the momentum slots to match (docs/how-to/off-cluster.md)")
+    if lr_rule is None:
+        if saved_size is not None and saved_size != size:
+            raise ValueError(f"{where}) was written by {saved_size} ranks and this job has {size}: its momentum "
+                             f"slots carry the LR of {saved_size} ranks. Choose how the LR goes on: {choices}")
+        if not same_schedule:
+            raise ValueError(f"{where}) last updated with LR {saved_last:g} and this optimizer's schedule gives "
+                             f"{own_last:g} there: another schedule. Build the optimizer as the job did, or use "
+                             f"{choices}")
+        return
+    if lr_rule == "linear":
+        if saved_size is None:
+            raise ValueError(f"{where}) does not record its world size (written before hvd_sched recorded it): "
+                             "lr_rule='linear' cannot know the old size; use lr_rule='schedule' with a schedule "
+                             "built for this world size")
+        if not same_schedule:
+            raise ValueError(f"{where}) last updated with LR {saved_last:g}, and this optimizer's schedule gives "
+                             f"{own_last:g} there: lr_rule='linear' continues the checkpoint's own schedule, so "
+                             "build the optimizer with the job's schedule (its config and world_size), or use "
+                             "lr_rule='schedule' to follow this one")
+        old_scale = scheduled.lr_scale
+        factor = scheduled.set_lr_scale(old_scale * size / saved_size)
+        change = f"LR scale {old_scale:g} -> {scheduled.lr_scale:g}"
+    else:
+        if iteration > 0 and saved_last is None and "last_lr" not in meta:
+            raise ValueError(f"{where}) does not record its last LR (written before hvd_sched recorded it): "
+                             "lr_rule='schedule' cannot correct the momentum slots; resume it with the job's "
+                             "schedule and world size")
+        factor = scheduled.follow_schedule_from(saved_last, iteration)
+        change = f"this optimizer's schedule from LR {scheduled.lr_at(iteration):g}"
+    meta["slot_factor"] = factor
+    if _horovod.rank() == 0:
+        print(f"hvd_sched: resumed {where}, {saved_size or '?'} ranks) on {size}: {change}, momentum slots "
+              f"scaled by {factor:g}", flush=True)
 
 
 def _initialized_horovod():
@@ -488,7 +576,8 @@ class TrainingCheckpoint(_backend.keras.callbacks.Callback):
     def _save(self, iteration, step, steps, signal=None):
         meta = {"epoch": int(self._epoch), "step": int(step),
                 "steps_per_epoch": None if steps is None else int(steps), "iteration": int(iteration),
-                "micro_batches": self._k, "signal": signal, "time": time.time()}
+                "micro_batches": self._k, "signal": signal, "time": time.time(),
+                **schedule_meta(self.model.optimizer, iteration)}
         return write_checkpoint(self.directory, self.model, meta, self.keep)
 
     def _agree(self, iteration, logs):

@@ -16,6 +16,7 @@ Wrap the scheduled optimizer, not the other way round:
 """
 
 from .. import _validation
+from .. import _compat
 from . import _backend, _horovod
 from ._scheduled import accumulation_problem
 from ._tracking import epoch_problem, resume_offset
@@ -103,6 +104,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
             a LossScaleOptimizer, `op=hvd.Adasum` without MPI or under `--gloo`, `groups=0` (with Horovod's
             message), or `scale_local_gradients=False` on Keras 3.
     """
+    _compat.require_horovod("hvd_sched.keras.DistributedOptimizer")
     _horovod.check_launcher(require_init=False)
     if not _backend.is_optimizer(optimizer):
         raise TypeError(f"DistributedOptimizer wraps a Keras optimizer such as tf.keras.optimizers.SGD("
@@ -260,6 +262,7 @@ class BroadcastVariables(_backend.keras.callbacks.Callback):
             if not _backend.is_variable(variable):
                 raise TypeError(f"local_variables must be variables (e.g. [model.layers[-1].bias]), got "
                                 f"{type(variable).__name__}: {variable!r}")
+        _compat.require_horovod("hvd_sched.keras.BroadcastVariables")
         self.root_rank = root_rank
         self.local_variables = local_variables
         self.done = False
@@ -282,6 +285,10 @@ class AverageMetrics(_backend.keras.callbacks.Callback):
     Put it before anything that reads the logs (History, checkpoints, TensorBoard): `horovod_callbacks` does.
     """
 
+    def __init__(self):
+        super().__init__()
+        _compat.require_horovod("hvd_sched.keras.AverageMetrics")
+
     def on_epoch_end(self, epoch, logs=None):
         import horovod.tensorflow as hvd
         import numpy as np
@@ -302,6 +309,9 @@ def distributed_callbacks(root_rank=0, average_metrics=True, local_variables=Non
     """[the checks, the initial broadcast, (the metric averaging)], for this Keras (see the module docstring);
     `local_variables` are left out of the broadcast (Horovod's argument)."""
     callbacks = [DistributedCheck()]
+    if not _compat.HOROVOD:
+        return callbacks  # one process without Horovod: nothing to broadcast or average (DistributedCheck stops a
+        # launcher's job of several processes, naming the install)
     if _backend.KERAS_MAJOR == 3:
         callbacks.append(BroadcastVariables(root_rank, local_variables=local_variables))
         if average_metrics:

@@ -9,6 +9,7 @@ jump is corrected (Goyal et al. 2017, sec. 2.1). The iteration counter lives in 
 schedule for the size it starts with and receives the slots from rank 0 in the state sync.
 """
 
+from .. import _compat
 from . import _backend, _horovod
 from ._tracking import iteration_count
 from .optimizer import scheduled_of
@@ -39,6 +40,7 @@ def elastic_state(model, optimizer=None, **kwargs):
     Returns:
         The Horovod state object (`state.model`, `state.optimizer`).
     """
+    _compat.require_horovod("hvd_sched.keras.elastic_state")
     if _backend.KERAS_MAJOR == 2:
         import horovod.tensorflow.keras as hvd
 
@@ -71,6 +73,7 @@ class ElasticLRScaler:
     """
 
     def __init__(self, optimizer, verbose=1):
+        _compat.require_horovod("hvd_sched.keras.ElasticLRScaler")
         import horovod.tensorflow as hvd
 
         if scheduled_of(optimizer) is None:

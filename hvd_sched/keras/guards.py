@@ -112,10 +112,10 @@ class RankConsistencyCheck(_backend.keras.callbacks.Callback):
         self.schedule = schedule
 
     def on_train_begin(self, logs=None):
+        if _horovod.size() == 1:
+            return  # one process (or Horovod not installed): nothing to compare
         import horovod.tensorflow as hvd
 
-        if not hvd.is_initialized() or hvd.size() == 1:
-            return
         record = _describe(self.model, self.schedule)
         record["world_size"] = hvd.size()
         records = hvd.allgather_object(record, name="hvd_sched_consistency")

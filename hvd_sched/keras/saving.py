@@ -4,6 +4,7 @@ import os
 
 import tensorflow as tf
 
+from .. import _compat
 from . import _backend
 from .distributed import DistributedOptimizer
 from .optimizer import custom_objects as scheduled_objects
@@ -24,8 +25,10 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
     loader drops the optimizer's slots: refused there. Keras 2 records Horovod's
     module for the class of a distributed optimizer, so plain `tf.keras.models.load_model` cannot find it; and
     Horovod's own `hvd.load_model` fails on the `.keras` format (its factories have no `from_config`) and does not
-    know the scheduled classes. Horovod is initialised here if it is not yet (`hvd.init()`). To load without
-    Horovod: `tf.keras.models.load_model(path, custom_objects=hvd_sched.keras.custom_objects())`.
+    know the scheduled classes. Horovod is initialised here if it is not yet (`hvd.init()`). Where Horovod is not
+    installed (one process off the cluster: fine-tuning, evaluation), the optimizer comes back as it was saved, with
+    its schedule, slots and iteration, and no DistributedOptimizer around it. To load where hvd_sched is not
+    installed either: `tf.keras.models.load_model(path, custom_objects=hvd_sched.keras.custom_objects())`.
 
     Examples:
         ```python
@@ -70,10 +73,11 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
                          "(its legacy loader builds the optimizer for none of the model's variables, so the slots "
                          "are dropped), and a resumed job would start from fresh slots; save with "
                          "model.save('model.keras'), or load the weights alone with keras.models.load_model")
-    import horovod.tensorflow as hvd
+    if _compat.HOROVOD:
+        import horovod.tensorflow as hvd
 
-    if not hvd.is_initialized():
-        hvd.init()
+        if not hvd.is_initialized():
+            hvd.init()
     model = _backend.keras.models.load_model(filepath, custom_objects=objects, **kwargs)
     optimizer = getattr(model, "optimizer", None)
     if not _backend.is_optimizer(optimizer) or _backend.is_distributed(optimizer):
@@ -83,6 +87,11 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
         # SavedModel's checkpoint (the model is its root), which Keras does not read back. Read them from there.
         _backend.build_slots(optimizer, model.trainable_variables)
         tf.train.Checkpoint(root=model).read(os.path.join(path, "variables", "variables")).expect_partial()
+    if not _compat.HOROVOD:
+        # One process without Horovod (fine-tuning or evaluating off the cluster): the optimizer as saved, its
+        # schedule, iteration and slots, with nothing to average.
+        _backend.build_slots(optimizer, model.trainable_variables)
+        return model
     model.optimizer = _distributed_copy(optimizer, model.trainable_variables, compression)
     return model
 

@@ -53,6 +53,42 @@ def make_dataset(skip=0):
     return data.skip(skip)
 """
 
+#: "Off the cluster": the model and data stream of the 2-rank job whose checkpoint the block fine-tunes.
+_FINE_TUNE_MODEL = """
+import numpy as np, tensorflow as tf
+from sklearn.datasets import load_digits
+steps, epochs = 10, 3
+def make_model():
+    tf.keras.utils.set_random_seed(1)
+    return tf.keras.Sequential([tf.keras.Input((64,)), tf.keras.layers.Dense(32, activation="relu"),
+                                tf.keras.layers.Dense(10, activation="softmax")])
+def make_dataset(skip=0, rank=0, size=1):
+    digits = load_digits()
+    x, y = (digits.data / 16.0).astype("float32")[rank::size], digits.target[rank::size]
+    return tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=1).repeat().batch(32).skip(skip)
+"""
+
+#: ... and that job itself, run for real (horovodrun --gloo, 2 ranks, 2 epochs), its checkpoint in runs/ckpt.
+_FINE_TUNE_JOB = _FINE_TUNE_MODEL + """
+import hvd_sched, hvd_sched.keras as hk, horovod.tensorflow.keras as hvd
+hvd.init()
+model = make_model()
+schedule = hvd_sched.from_detectron("examples/configs/digits_warmup_steps.yaml", world_size=hvd.size(),
+                                    steps_per_epoch=steps)
+model.compile(hk.DistributedOptimizer(hk.ScheduledOptimizer(tf.keras.optimizers.SGD(momentum=0.9), schedule)),
+              "sparse_categorical_crossentropy")
+model.fit(make_dataset(rank=hvd.rank(), size=hvd.size()), steps_per_epoch=steps, epochs=2, verbose=0,
+          callbacks=hk.horovod_callbacks(checkpoint=hk.TrainingCheckpoint("runs/ckpt")))
+"""
+
+_FINE_TUNE = _FINE_TUNE_MODEL + f"""
+import os, subprocess, sys
+with open("fine_tune_job.py", "w") as _file:
+    _file.write({_FINE_TUNE_JOB!r})
+subprocess.run([os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", "2", "-H", "localhost:2",
+                "--gloo", sys.executable, "fine_tune_job.py"], check=True, timeout=300, stdout=subprocess.DEVNULL)
+"""
+
 PRELUDES = {
     # the ten lines of `model.fit`: a model and this rank's shard of the data
     "fit": _DIGITS,
@@ -68,6 +104,9 @@ model.save("runs/model.keras")
 steps = steps_per_epoch = 22
 callbacks = horovod_callbacks()
 """,
+    # "Off the cluster": the checkpoint of a real 2-rank job (horovodrun --gloo, 2 epochs of 10 iterations of the
+    # digits, the demo's config), and the model and data stream the job used, for the block that fine-tunes it
+    "fine_tune": _FINE_TUNE,
     # "Large batches": a SOLVER with ITER_SIZE 2, the micro-batch size and the updates per epoch
     "accumulate": _DIGITS + """
 from hvd_sched.keras import horovod_callbacks

@@ -127,8 +127,11 @@ def test_periodic_checkpoints_land_on_the_period_and_epoch_ends_keep_their_names
     import json
 
     with open(tmp_path / "iter-00000008" / "meta.json") as f:
+        # The LRs of the next update (8: the step at 8 to 0.02) and of the last one (7: 0.2), as restore_latest
+        # compares them; the world size that wrote it.
         assert json.load(f) | {"time": 0} == {"epoch": 1, "step": 2, "steps_per_epoch": STEPS, "iteration": 8,
-                                              "micro_batches": 1, "signal": None, "time": 0}
+                                              "micro_batches": 1, "signal": None, "time": 0, "world_size": 1,
+                                              "lr": float(np.float32(0.02)), "last_lr": float(np.float32(0.2))}
 
 
 def test_keep_counts_every_kind_of_checkpoint(tmp_path, horovod):
