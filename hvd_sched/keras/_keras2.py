@@ -305,6 +305,9 @@ def _not_in_saved_models(optimizer):
     """`optimizer` (Horovod's wrapper) with its allreduce function out of every SavedModel (see `_NotSaved`)."""
     function = getattr(optimizer, "_allreduce_grads", None)
     if function is not None and not isinstance(function, _NotSaved):
+        # Deleted first: an AutoTrackable optimizer (tf-keras') recorded the tf.function as a dependency when
+        # Horovod set it, and a new value of the attribute alone leaves that record, which SavedModels follow.
+        delattr(optimizer, "_allreduce_grads")
         optimizer._allreduce_grads = _NotSaved(function)
     return optimizer
 
