@@ -89,7 +89,7 @@ class Hosts:
         """Why no hosts can be made here (a reason for pytest.skip), or None."""
         if os.geteuid() != 0:
             return "network namespaces need root (ip netns add): run the tests as root (CI containers do)"
-        for tool in ("ip", "unshare", "ssh", "ssh-keygen"):
+        for tool in ("ip", "unshare", "nsenter", "ssh", "ssh-keygen"):
             if shutil.which(tool) is None:
                 return f"{tool} not found: install iproute2, util-linux and openssh-client (.ci/run does)"
         if not os.path.exists(SSHD):
@@ -114,9 +114,16 @@ class Hosts:
     def cidr(self):
         return f"{self.subnet}.0/24"
 
-    def prefix(self, name):
-        """The command prefix that runs a process inside host `name`: its network namespace, its host name."""
-        return ["ip", "netns", "exec", name, "unshare", "--uts", "sh", "-c", f'hostname {name} && exec "$@"', "sh"]
+    def prefix(self, name, mounts=True):
+        """The command prefix that runs a process inside host `name`: its network namespace, its host name.
+        `ip netns exec` also gives the process a mount namespace of its own, with the host's /etc/hosts and a sysfs
+        of the namespace (no cgroup file systems in it); `mounts=False` enters the network namespace alone
+        (nsenter), keeping this machine's mounts: for a daemon that reads its cgroups (slurmd)."""
+        if mounts:
+            enter = ["ip", "netns", "exec", name]
+        else:
+            enter = ["nsenter", f"--net=/run/netns/{name}"]
+        return [*enter, "unshare", "--uts", "sh", "-c", f'hostname {name} && exec "$@"', "sh"]
 
     def run(self, name, command, **kwargs):
         kwargs.setdefault("capture_output", True)
@@ -124,8 +131,8 @@ class Hosts:
         kwargs.setdefault("timeout", 60)
         return subprocess.run(self.prefix(name) + list(command), **kwargs)
 
-    def popen(self, name, command, **kwargs):
-        return subprocess.Popen(self.prefix(name) + list(command), **kwargs)
+    def popen(self, name, command, mounts=True, **kwargs):
+        return subprocess.Popen(self.prefix(name, mounts) + list(command), **kwargs)
 
     def __enter__(self):
         # Removed by __exit__ (the fixture's teardown), or by tests/guard.py where no teardown runs (its backstop
@@ -237,6 +244,13 @@ class Hosts:
         """Every process of host `name` (its network namespace)."""
         listed = _ip("netns", "pids", name, check=False).stdout.split()
         return [int(pid) for pid in listed if pid.isdigit()]
+
+    def holds(self, name, pid):
+        """Whether process `pid` runs in host `name` (its network namespace)."""
+        try:
+            return os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(f"/run/netns/{name}").st_ino
+        except OSError:
+            return False
 
     def _signal_all(self, name, number):
         for pid in self.pids(name):
