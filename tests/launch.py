@@ -229,3 +229,21 @@ def assert_same_final_checkpoint(out, reference_out, epochs, steps_per_epoch):
     assert sorted(ours) == sorted(theirs)
     for name in theirs:
         np.testing.assert_array_equal(ours[name], theirs[name], err_msg=name)
+
+
+def processes_naming(path):
+    """Live processes (on any host of tests/netns.py: the namespaces share this machine's pids), other than this
+    one, whose command line names `path` (a job's OUT folder): [(pid, the start of its command line)]."""
+    needle = str(path).encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                words = handle.read()
+        except OSError:
+            continue
+        if needle in words:
+            found.append((int(entry), words.replace(b"\0", b" ")[:200].decode(errors="replace")))
+    return found

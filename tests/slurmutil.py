@@ -22,6 +22,7 @@ Slurm's mpi/pmix plugin loads, `libpmix.so`); `SlurmCluster.missing()` gives the
 
 import os
 import pathlib
+import re
 import shutil
 import signal
 import socket
@@ -30,13 +31,16 @@ import time
 
 import launch
 
-__all__ = ["SlurmCluster", "NODE", "NODE_TIMEOUT", "CRED_EXPIRE"]
+__all__ = ["SlurmCluster", "NODE", "NODE_TIMEOUT", "CRED_EXPIRE", "ENDED"]
 
 NODE = "hvdsched"
 NODE_TIMEOUT = 40
 """SlurmdTimeout of a cluster on hosts: seconds before slurmctld sets a silent node DOWN."""
 CRED_EXPIRE = 10
 """AuthInfo's cred_expire of a cluster on hosts: a requeued job waits this + 1 s before it may start again."""
+ENDED = ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
+         "PREEMPTED")
+"""The states of a job that has ended (`scontrol show job`'s JobState)."""
 _BINARIES = ("munged", "mungekey", "slurmctld", "slurmd", "srun", "sbatch", "sinfo")
 
 
@@ -109,17 +113,25 @@ class SlurmCluster:
     def _slurmd_command(self, node):
         return (_sbin("slurmd"), "-D", "-N", node, "-f", str(self.folder / "slurm.conf"))
 
-    def _sinfo(self):
+    def node_states(self):
         """{node: state} from sinfo (states such as idle, allocated, down*, idle*)."""
         listed = subprocess.run([_sbin("sinfo"), "-h", "-N", "-o", "%N %T"], env={**os.environ, **self.env},
                                 capture_output=True, text=True, timeout=30).stdout
         return dict(line.split(None, 1) for line in listed.splitlines() if line.strip())
 
+    def job(self, job):
+        """`scontrol show job JOB` as a dict (JobState, Reason, Restarts, ExitCode, NodeList, BatchHost, ...)."""
+        proc = subprocess.run([_sbin("scontrol"), "show", "job", "-o", str(job)], env={**os.environ, **self.env},
+                              capture_output=True, text=True, timeout=30)
+        if proc.returncode != 0:
+            raise RuntimeError(f"scontrol show job {job}: {proc.stderr.strip()}")
+        return dict(re.findall(r"(\w+)=(\S*)", proc.stdout))
+
     def _wait_idle(self, nodes, limit=60):
         deadline = time.monotonic() + limit
         states = {}
         while time.monotonic() < deadline:
-            states = self._sinfo()
+            states = self.node_states()
             if all(states.get(node) == "idle" for node in nodes):
                 return True
             time.sleep(0.5)

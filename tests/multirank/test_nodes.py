@@ -47,7 +47,8 @@ import time
 
 import pytest
 
-from launch import DEMO_FINAL, assert_same_final_checkpoint, latest_meta, mpi_env, mpi_missing, rank_env
+from launch import (DEMO_FINAL, assert_same_final_checkpoint, latest_meta, mpi_env, mpi_missing, processes_naming,
+                    rank_env)
 from netns import Hosts
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(600)]
@@ -273,7 +274,7 @@ def test_a_node_that_stops_answering_ends_the_job_loudly_and_resume_is_exact(hos
                                             PEER_TIMEOUT + SUPERVISE + TEARDOWN, during)
     finally:
         hosts.restore(victim)
-    left = _processes_of(out)
+    left = processes_naming(out)
     if left and (launcher, fault) == ("gloo", "crashed"):
         # horovodrun exited at once on rank 1's end; rank 0, on the other host, is not its child: horovodrun ends
         # it in some runs, and in others rank 0 outlives it and ends itself on its heartbeat's verdict (75 and
@@ -281,7 +282,7 @@ def test_a_node_that_stops_answering_ends_the_job_loudly_and_resume_is_exact(hos
         deadline = time.monotonic() + PEER_TIMEOUT + 15
         while left and time.monotonic() < deadline:
             time.sleep(0.2)
-            left = _processes_of(out)
+            left = processes_naming(out)
         note = out / "ckpt" / "peer_lost.txt"
         assert not note.exists() or LOST.search(note.read_text()).group(2) == victim, note.read_text()
     assert not left, f"still running after the job ended: {left}\n{output[-6000:]}"
@@ -352,21 +353,6 @@ def _supervised(cmd, out):
 def _launcher_status(output):
     found = re.findall(r"hvd_sched\.supervise: \S+ exited with status (\d+)", output)
     return int(found[-1]) if found else None
-
-
-def _processes_of(out):
-    """Processes (on any host: the namespaces share this machine's pids) whose command line names the job's OUT."""
-    needle = str(out).encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                words = handle.read()
-        except OSError:
-            continue
-        if entry.isdigit() and needle in words and int(entry) != os.getpid():
-            found.append((int(entry), words.replace(b"\0", b" ")[:200].decode(errors="replace")))
-    return found
 
 
 SLOW = [("validation", 1, "gloo"), ("save", 0, "mpirun")] + ([("first_step", 1, "gloo")] if ALL else [])

@@ -32,9 +32,9 @@ import time
 
 import pytest
 
-from launch import assert_same_final_checkpoint, latest_meta, mpi_env, mpi_missing, rank_env
+from launch import assert_same_final_checkpoint, latest_meta, mpi_env, mpi_missing, processes_naming, rank_env
 from netns import Hosts
-from slurmutil import NODE_TIMEOUT, SlurmCluster
+from slurmutil import ENDED, NODE_TIMEOUT, SlurmCluster
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(600)]
 
@@ -47,8 +47,6 @@ ALL = os.environ.get("HVD_SCHED_TEST_NODES") == "all"
 EPOCHS, STEPS, BATCH, PERIOD, FAULT_AT, PEER_TIMEOUT = 2, 44, 8, 20, 60, 10
 KNOBS = {"EPOCHS": str(EPOCHS), "BATCH_SIZE": str(BATCH), "CHECKPOINT_PERIOD": str(PERIOD),
          "PEER_TIMEOUT": str(PEER_TIMEOUT)}
-ENDED = ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
-         "PREEMPTED")
 LOST = re.compile(r"hvd_sched: rank (\d+) \(host (\S+), pid \d+\) has not answered for [0-9.]+ s")
 FAULTS = {"frozen": "freeze", "dead": "kill", "cut": "cut"}
 
@@ -90,12 +88,6 @@ def _scontrol(cluster, *args):
     return subprocess.run(["scontrol", *args], env=_env(cluster), capture_output=True, text=True, timeout=30)
 
 
-def _job(cluster, job):
-    proc = _scontrol(cluster, "show", "job", "-o", job)
-    assert proc.returncode == 0, proc.stderr
-    return dict(re.findall(r"(\w+)=(\S*)", proc.stdout))
-
-
 def _submit(cluster, folder, *options):
     out, log = folder / "out", folder / "slurm.out"
     folder.mkdir(parents=True, exist_ok=True)
@@ -110,20 +102,14 @@ def _follow(cluster, job, log, act=None, timeout=420):
     """Poll `job` until it ends; `act(info)` at each poll. Returns its last `scontrol show job`."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        info = _job(cluster, job)
+        info = cluster.job(job)
         if info["JobState"] in ENDED:
             return info
         if act is not None:
             act(info)
         time.sleep(0.2)
-    pytest.fail(f"job {job} did not end within {timeout} s: {_job(cluster, job)}\n"
+    pytest.fail(f"job {job} did not end within {timeout} s: {cluster.job(job)}\n"
                 f"{log.read_text()[-6000:] if log.exists() else ''}\n{_logs(cluster)}")
-
-
-def _sinfo(cluster):
-    listed = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], env=_env(cluster), capture_output=True, text=True,
-                            timeout=30).stdout
-    return dict(line.split(None, 1) for line in listed.splitlines() if line.strip())
 
 
 def _logs(cluster):
@@ -177,23 +163,6 @@ def test_sbatch_on_two_nodes_ends_bit_for_bit_as_on_one_node(cluster, tmp_path_f
     assert_same_final_checkpoint(across, alone, EPOCHS, STEPS)
 
 
-def _processes_of(out):
-    """Processes (on any host: the namespaces share this machine's pids) whose command line names the job's OUT."""
-    needle = str(out).encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as handle:
-                words = handle.read()
-        except OSError:
-            continue
-        if needle in words:
-            found.append((int(entry), words.replace(b"\0", b" ")[:200].decode(errors="replace")))
-    return found
-
-
 @pytest.mark.parametrize("fault", ["frozen", "dead", "cut"] if ALL else ["frozen"])
 def test_a_lost_node_requeues_the_job_which_resumes_on_the_nodes_left_bit_for_bit(cluster, fault, tmp_path,
                                                                                  tmp_path_factory, timings):
@@ -217,7 +186,7 @@ def test_a_lost_node_requeues_the_job_which_resumes_on_the_nodes_left_bit_for_bi
             return
         if "requeued" not in seen and (info["Restarts"] != "0" or info["JobState"] != "RUNNING"):
             seen["requeued"] = now
-        if "down" not in seen and "down" in _sinfo(cluster).get(seen["victim"], ""):
+        if "down" not in seen and "down" in cluster.node_states().get(seen["victim"], ""):
             seen["down"] = now
         if "requeued" in seen and "restarted" not in seen:
             if info["JobState"] == "RUNNING":
@@ -229,7 +198,7 @@ def test_a_lost_node_requeues_the_job_which_resumes_on_the_nodes_left_bit_for_bi
     try:
         info = _follow(cluster, job, log, act)
         # Nothing of the job is left on the nodes that answer (the lost one keeps what it had until it reboots).
-        left = [entry for entry in _processes_of(out) if "victim" not in seen
+        left = [entry for entry in processes_naming(out) if "victim" not in seen
                 or not hosts.holds(seen["victim"], entry[0])]
     finally:
         if "victim" in seen:

@@ -31,7 +31,7 @@ import pytest
 
 from launch import (STOPPED, assert_same_final_checkpoint, horovodrun_cmd, latest_meta, mpi_env, mpi_missing, rank_env,
                     run_command)
-from slurmutil import SlurmCluster
+from slurmutil import ENDED, SlurmCluster
 
 pytestmark = pytest.mark.multirank
 
@@ -49,8 +49,6 @@ KNOBS = {"EPOCHS": "4", "BATCH_SIZE": "8", "CHECKPOINT_PERIOD": "20"}
 TOTAL, ASK_AT = 356, 100
 FINAL = re.compile(r"rank (\d): final val accuracy ([0-9.]+) \(360 samples, iteration (\d+)\)")
 RESUMED = re.compile(r"rank (\d): resumed from (\S+) .*\(iteration (\d+)\)")
-ENDED = ("COMPLETED", "FAILED", "TIMEOUT", "CANCELLED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
-         "PREEMPTED")
 
 
 @pytest.fixture(scope="module")
@@ -103,13 +101,6 @@ def _submit(slurm, tmp_path, *options, **knobs):
     return proc.stdout.strip().split(";")[0], out, log
 
 
-def _job(slurm, job):
-    """`scontrol show job` as a dict (JobState, Reason, Restarts, ExitCode, ...)."""
-    proc = _scontrol(slurm, "show", "job", "-o", job)
-    assert proc.returncode == 0, proc.stderr
-    return dict(re.findall(r"(\w+)=(\S*)", proc.stdout))
-
-
 def _follow(slurm, job, out, log, act=None, rerun=(), timeout=300):
     """Watch `job` until it ends; returns its last `scontrol show job`. `act(info, meta)` is called at each poll
     with the job's state and its newest checkpoint's metadata. A requeued job waiting for its BeginTime is started
@@ -117,7 +108,7 @@ def _follow(slurm, job, out, log, act=None, rerun=(), timeout=300):
     deadline = time.monotonic() + timeout
     held_since = None
     while time.monotonic() < deadline:
-        info = _job(slurm, job)
+        info = slurm.job(job)
         if info["JobState"] in ENDED:
             return info
         if info["JobState"] == "PENDING" and info.get("Reason") == "BeginTime":
@@ -131,7 +122,7 @@ def _follow(slurm, job, out, log, act=None, rerun=(), timeout=300):
         if act is not None:
             act(info, latest_meta(out))
         time.sleep(0.1)
-    pytest.fail(f"job {job} did not end within {timeout} s: {_job(slurm, job)}\n"
+    pytest.fail(f"job {job} did not end within {timeout} s: {slurm.job(job)}\n"
                 f"{log.read_text()[-6000:] if log.exists() else ''}")
 
 
