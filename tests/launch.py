@@ -247,3 +247,90 @@ def processes_naming(path):
         if needle in words:
             found.append((int(entry), words.replace(b"\0", b" ")[:200].decode(errors="replace")))
     return found
+
+
+def run_during(cmd, env, cwd, timeout, during=None):
+    """Run `cmd` in `cwd` (its own session, killed whole past `timeout`; its output in cwd/output.txt);
+    `during(proc)` is called while it runs and may return the time a fault happened, from which `timeout` then
+    counts. Returns (returncode, output, fault time, end time); a run past its bound fails the test with its
+    output."""
+    import pytest
+
+    cwd.mkdir(parents=True, exist_ok=True)
+    log = cwd / "output.txt"
+    register_output(log)
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, env=env, cwd=str(cwd), stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        faulted = None
+        try:
+            if during is not None:
+                faulted = during(proc)
+            proc.wait(timeout=timeout if faulted is None else max(timeout - (time.monotonic() - faulted), 1))
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            pytest.fail(f"{' '.join(map(str, cmd))} hung: not ended {timeout} s after "
+                        f"{'the fault' if faulted else 'its start'}:\n{log.read_text()[-6000:]}")
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    return proc.returncode, log.read_text(), faulted, time.monotonic()
+
+
+def when_checkpoint_reaches(out, iteration, action, proc, limit=300):
+    """Call `action()` once OUT's newest checkpoint is at `iteration` or later; returns the time it was called, or
+    None when `proc` ended first. The test fails when neither happens within `limit` s."""
+    import pytest
+
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        meta = latest_meta(out)
+        if meta is not None and meta["iteration"] >= iteration:
+            action()
+            return time.monotonic()
+        if proc.poll() is not None:
+            return None
+        time.sleep(0.05)
+    pytest.fail(f"the job did not reach iteration {iteration} in {limit} s")
+
+
+# --- the Kubernetes MPIJob's launcher (examples/kubernetes/mpijob.yaml) --------------------------------------------
+
+MPIJOB = ROOT / "examples" / "kubernetes" / "mpijob.yaml"
+#: What mpi-operator v2 sets in the launcher container for Open MPI (its constants: OpenMPIEnvHostFileLocation,
+#: OpenMPIEnvKeyRSHArgs, OpenMPIEnvKeepFQDNHostNames, OpenMPIEnvDefaultSlots); the hostfile's path is filled in.
+MPIJOB_OPERATOR_ENV = {"OMPI_MCA_plm_rsh_args": "-o ConnectionAttempts=10", "OMPI_MCA_orte_keep_fqdn_hostnames": "true",
+                       "OMPI_MCA_orte_set_default_slots": "1"}
+
+
+def mpijob():
+    """The manifest: (its launcher's shell script, the MPIJob's spec)."""
+    import yaml
+
+    [job] = yaml.safe_load_all(MPIJOB.read_text())
+    [container] = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
+    assert container["command"][:2] == ["bash", "-c"], container["command"]
+    return container["command"][2], job["spec"]
+
+
+def mpijob_launcher_script(out, hostfile, demo_args=None, extra_args=()):
+    """The MPIJob launcher's shell script as written, with this machine's paths: this environment's Python and
+    mpirun, the repository's example, OUT for /tmp/run, `hostfile` for the operator's /etc/mpi/hostfile; the demo's
+    arguments replaced by `demo_args` (all but --resume and --out) where given, `extra_args` added."""
+    script, _ = mpijob()
+    line = re.compile(r"^python -m hvd_sched\.supervise --checkpoint-dir /tmp/run/ckpt -- mpirun "
+                      r"--allow-run-as-root --hostfile /etc/mpi/hostfile python examples/train_keras.py "
+                      r"(.*) --resume --out /tmp/run &$", re.MULTILINE)
+    found = line.search(script)
+    assert found, script
+    args = found.group(1).split() if demo_args is None else [str(arg) for arg in demo_args]
+    args = [str(ROOT / arg) if arg.startswith("examples/") else arg for arg in args]
+    mpirun = pathlib.Path(sys.executable).with_name("mpirun")
+    command = [sys.executable, "-m", "hvd_sched.supervise", "--checkpoint-dir", f"{out}/ckpt", "--", str(mpirun),
+               "--allow-run-as-root", "--hostfile", str(hostfile), sys.executable, str(ROOT / "examples" /
+               "train_keras.py"), *args, *map(str, extra_args), "--resume", "--out", str(out), "&"]
+    script = script[:found.start()] + " ".join(command) + script[found.end():]
+    assert script.count("/etc/mpi/hostfile") == 1, script  # the wait for the workers reads it too
+    return ["bash", "-c", script.replace("/etc/mpi/hostfile", str(hostfile))]

@@ -62,7 +62,8 @@ def _free_ports(count):
 
 
 class SlurmCluster:
-    """`with SlurmCluster(folder) as cluster:` a running one-node Slurm; `cluster.env` for srun/sbatch."""
+    """`with SlurmCluster(folder) as cluster:` a running Slurm of one node (or, with `hosts`, one per host);
+    `cluster.env` for srun/sbatch."""
 
     def __init__(self, folder, cpus=None, hosts=None):
         self.folder = pathlib.Path(folder)

@@ -1,7 +1,8 @@
 """The job files users copy to launch the demo: examples/slurm/train.sbatch (run for real by
-tests/multirank/test_launchers.py and test_slurm_requeue.py) and examples/kubernetes/mpijob.yaml (not run: no
-Kubernetes here), read and checked for what they must say. The Slurm script's decisions (resume, requeue itself,
-how often) also run here, with stand-ins for srun and scontrol."""
+tests/multirank/test_launchers.py and test_slurm_requeue.py) and examples/kubernetes/mpijob.yaml (no Kubernetes
+here: its launcher's command runs in tests/multirank/test_preemption.py and test_mpijob_nodes.py), read and checked
+for what they must say. The Slurm script's decisions (resume, requeue itself, how often) also run here, with
+stand-ins for srun and scontrol."""
 
 import pathlib
 import re
@@ -34,7 +35,14 @@ def test_the_mpijob_manifest_is_a_two_worker_open_mpi_job_running_the_demo():
     supervise, _, command = line.partition(" -- ")
     command = command.split()
     assert command[-3] == "--out" and supervise.split()[3:] == ["--checkpoint-dir", f"{command[-2]}/ckpt"]
-    assert command[:4] == ["mpirun", "--allow-run-as-root", "-np", "2"] and command[-1] == "&"
+    # The hostfile named to mpirun itself: Open MPI 5 does not read the operator's OMPI_MCA_orte_default_hostfile
+    # (every rank ran on the launcher), and without -np it starts one rank per slot of it (replicas x slotsPerWorker).
+    assert command[:4] == ["mpirun", "--allow-run-as-root", "--hostfile", "/etc/mpi/hostfile"] and command[-1] == "&"
+    assert "-np" not in command and "-n" not in command
+    # Before it, a bounded wait for every worker's sshd (a restart after a lost worker, before its pod is replaced).
+    before = script[:script.index(line)]
+    assert "awk '{print $1}' /etc/mpi/hostfile" in before and 'until ssh -o ConnectTimeout=5 "$host" true' in before
+    assert "deadline=$((SECONDS + 900))" in before and "exit 1" in before
     assert command[4:4 + len(DEMO) + 1] == ["python", *DEMO] and command[-3] == "--out"
     assert "--resume" in command and "--checkpoint-period" in command
     assert (ROOT / command[5]).exists() and (ROOT / command[7]).exists()

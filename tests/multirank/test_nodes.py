@@ -41,14 +41,13 @@ import json
 import os
 import pathlib
 import re
-import subprocess
 import sys
 import time
 
 import pytest
 
 from launch import (DEMO_FINAL, assert_same_final_checkpoint, latest_meta, mpi_env, mpi_missing, processes_naming,
-                    rank_env)
+                    rank_env, run_during, when_checkpoint_reaches)
 from netns import Hosts
 
 pytestmark = [pytest.mark.multirank, pytest.mark.timeout(600)]
@@ -146,31 +145,6 @@ def _env(hosts, fault=None):
     return env
 
 
-def _run(cmd, env, cwd, timeout, during=None):
-    """Run `cmd` (its own session, killed whole past `timeout`); `during(proc)` is called while it runs and may
-    return a time the fault happened. Returns (returncode, output, fault time, end time)."""
-    cwd.mkdir(parents=True, exist_ok=True)
-    log = cwd / "output.txt"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, env=env, cwd=str(cwd), stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        faulted = None
-        try:
-            if during is not None:
-                faulted = during(proc)
-            proc.wait(timeout=timeout if faulted is None else max(timeout - (time.monotonic() - faulted), 1))
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait()
-            pytest.fail(f"{' '.join(cmd)} hung: not ended {timeout} s after "
-                        f"{'the fault' if faulted else 'its start'}:\n{log.read_text()[-6000:]}")
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, 9)
-                proc.wait()
-    return proc.returncode, log.read_text(), faulted, time.monotonic()
-
-
 def _finals(output):
     return {int(rank): (float(acc), int(it)) for rank, acc, it in DEMO_FINAL.findall(output)}
 
@@ -184,7 +158,8 @@ def _reference(hosts, launcher, tmp_path_factory, slots):
     if key not in _references:
         ranks = sum(count for _, count in slots)
         work = tmp_path_factory.mktemp(f"reference-{launcher}-{len(slots)}x{ranks}")
-        code, output, _, _ = _run(_command(hosts, launcher, FAULT_JOB, work / "out", slots), _env(hosts), work, 400)
+        code, output, _, _ = run_during(_command(hosts, launcher, FAULT_JOB, work / "out", slots), _env(hosts), work,
+                                        400)
         assert code == 0, output[-6000:]
         finals = _finals(output)
         assert sorted(finals) == list(range(ranks)) and len(set(finals.values())) == 1, (finals, output[-6000:])
@@ -216,19 +191,6 @@ def test_demo_across_two_hosts_ends_bit_for_bit_as_on_one_host(hosts, launcher, 
 def _hostname_of_ranks(hosts, per_host):
     """Rank r is on host r // per_host (the slots are filled in order by every launcher here)."""
     return {rank: hosts.names[rank // per_host] for rank in range(2 * per_host)}
-
-
-def _when_checkpoint_reaches(out, iteration, fault, proc, limit=300):
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        meta = latest_meta(out)
-        if meta is not None and meta["iteration"] >= iteration:
-            fault()
-            return time.monotonic()
-        if proc.poll() is not None:
-            return None  # ended before the fault: the caller fails with its output (or starts it again: _run)
-        time.sleep(0.05)
-    pytest.fail(f"the job did not reach iteration {iteration} in {limit} s")
 
 
 def PAIR(hosts):
@@ -268,10 +230,10 @@ def test_a_node_that_stops_answering_ends_the_job_loudly_and_resume_is_exact(hos
         env, cmd = _env(hosts), _command(hosts, launcher, DEMO, out, PAIR(hosts))
 
         def during(proc):
-            return _when_checkpoint_reaches(out, FAULT_AT, lambda: getattr(hosts, FAULTS[fault])(victim), proc)
+            return when_checkpoint_reaches(out, FAULT_AT, lambda: getattr(hosts, FAULTS[fault])(victim), proc)
     try:
-        code, output, faulted, ended = _run(_supervised(cmd, out), env, tmp_path / "first",
-                                            PEER_TIMEOUT + SUPERVISE + TEARDOWN, during)
+        code, output, faulted, ended = run_during(_supervised(cmd, out), env, tmp_path / "first",
+                                                  PEER_TIMEOUT + SUPERVISE + TEARDOWN, during)
     finally:
         hosts.restore(victim)
     left = processes_naming(out)
@@ -338,8 +300,8 @@ def test_a_node_that_stops_answering_ends_the_job_loudly_and_resume_is_exact(hos
                                       "launcher_status": _launcher_status(output),
                                       "checkpoint_iteration": newest["iteration"], "fault_after": FAULT_AT}
     # Requeued: the same command with --resume ends on the run never stopped, bit for bit.
-    code, output, _, _ = _run(_command(hosts, launcher, DEMO, out, PAIR(hosts), resume=True), _env(hosts),
-                              tmp_path / "resumed", 400)
+    code, output, _, _ = run_during(_command(hosts, launcher, DEMO, out, PAIR(hosts), resume=True), _env(hosts),
+                                    tmp_path / "resumed", 400)
     assert code == 0, output[-6000:]
     assert f"resumed from {out}/ckpt/" in output
     assert_same_final_checkpoint(out, reference, EPOCHS_2, STEPS_2)
@@ -367,8 +329,8 @@ def test_a_slow_rank_that_is_alive_is_never_stopped(hosts, kind, rank, launcher,
     env = _env(hosts, {"HVD_SCHED_TEST_FAULT": kind, "HVD_SCHED_TEST_FAULT_RANK": str(rank),
                        "HVD_SCHED_TEST_FAULT_AT": str(FAULT_AT), "HVD_SCHED_TEST_FAULT_SECONDS": "35"})
     # Under hvd_sched.supervise as users run it: it never acts on a job that is only slow.
-    code, output, _, _ = _run(_supervised(_command(hosts, launcher, FAULT_JOB, out, PAIR(hosts)), out), env,
-                              tmp_path, 500)
+    code, output, _, _ = run_during(_supervised(_command(hosts, launcher, FAULT_JOB, out, PAIR(hosts)), out), env,
+                                    tmp_path, 500)
     assert code == 0, output[-6000:]
     assert "fault_job: rank" in output, output[-4000:]
     assert not LOST.findall(output), output[-6000:]

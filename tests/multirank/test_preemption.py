@@ -17,13 +17,12 @@ import pathlib
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
-from launch import (STOPPED, assert_same_final_checkpoint, horovodrun_cmd, latest_meta, mpi_env, mpi_missing,
-                    mpirun_cmd, rank_env, register_output, run_and_collect)
+from launch import (MPIJOB_OPERATOR_ENV, STOPPED, assert_same_final_checkpoint, horovodrun_cmd, latest_meta, mpi_env,
+                    mpi_missing, mpijob_launcher_script, mpirun_cmd, rank_env, register_output, run_and_collect)
 import rows
 
 pytestmark = pytest.mark.multirank
@@ -171,26 +170,6 @@ def test_a_job_stopped_three_ways_resumes_each_time_to_the_run_never_stopped(tmp
     _assert_same_run(out, reference)
 
 
-def _mpijob_launcher_script(out):
-    """The MPIJob launcher's shell script (examples/kubernetes/mpijob.yaml), its demo command given this
-    environment's mpirun and Python and the test's settings."""
-    import yaml
-
-    [job] = yaml.safe_load_all((ROOT / "examples" / "kubernetes" / "mpijob.yaml").read_text())
-    [container] = job["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
-    assert container["command"][:2] == ["bash", "-c"]
-    script, count = re.subn(r"^python -m hvd_sched.supervise --checkpoint-dir \S+ -- mpirun (--allow-run-as-root -np 2) "
-                            r"python examples/train_keras.py .*--resume --out \S+ &$",
-                            lambda m: " ".join([sys.executable, "-m", "hvd_sched.supervise", "--checkpoint-dir",
-                                                str(out / "ckpt"), "--",
-                                                str(pathlib.Path(sys.executable).with_name("mpirun")), m.group(1),
-                                                sys.executable, str(SCRIPT), *map(str, ARGS), "--resume", "--out",
-                                                str(out), "&"]),
-                            container["command"][2], flags=re.MULTILINE)
-    assert count == 1, container["command"][2]
-    return ["bash", "-c", script]
-
-
 def test_sigterm_to_the_mpijob_launcher_stops_every_rank_through_mpirun(tmp_path, reference):
     """Open MPI 5's mpirun answers SIGTERM by killing the ranks 0.25 s later (measured: SIGCONT, SIGTERM 0.25 s
     after, SIGKILL 0.24 s after that), too soon to save, but forwards SIGUSR1 and lets them run. The Kubernetes
@@ -199,8 +178,18 @@ def test_sigterm_to_the_mpijob_launcher_stops_every_rank_through_mpirun(tmp_path
     if reason:
         pytest.skip(reason)
     out = tmp_path / "out"
-    returncode, stdout, stderr, seen = _stop_when(_mpijob_launcher_script(out), out,
-                                                  lambda proc: os.kill(proc.pid, signal.SIGTERM), extra=mpi_env())
+    # One host: the hostfile names this one (mpirun starts both ranks here), and the launcher's wait for its workers'
+    # sshd is answered by a stand-in ssh (tests/multirank/test_mpijob_nodes.py runs it against hosts of their own).
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=2\n")
+    stand_in = tmp_path / "bin"
+    stand_in.mkdir()
+    (stand_in / "ssh").write_text("#!/bin/sh\nexit 0\n")
+    (stand_in / "ssh").chmod(0o755)
+    env = {**mpi_env(), **MPIJOB_OPERATOR_ENV, "OMPI_MCA_orte_default_hostfile": str(hostfile)}
+    env["PATH"] = os.pathsep.join([str(stand_in), env["PATH"]])
+    returncode, stdout, stderr, seen = _stop_when(mpijob_launcher_script(out, hostfile, ARGS), out,
+                                                  lambda proc: os.kill(proc.pid, signal.SIGTERM), extra=env)
     _check_signal_stop(returncode, stdout, stderr, seen, out, code=128 + signal.SIGUSR1)
     assert returncode == 128 + signal.SIGUSR1  # the launcher container's status: not finished, run it again
     _resume(out, mpirun_cmd, extra=mpi_env())
