@@ -217,7 +217,9 @@ def test_a_lost_node_requeues_the_job_which_resumes_on_the_nodes_left_bit_for_bi
     assert "hvd_sched.supervise: a node was lost (exit status 75" in first_run, first_run[-6000:]
     assert f"hvd_sched: job {job} lost a node (status 75): requeueing it (restart 1 of at most 3)" in first_run, \
         first_run[-6000:]
-    lines = first_run.rstrip().splitlines()
+    # Slurm may add its own line last ("slurmstepd-NODE: error: *** JOB N ON NODE CANCELLED AT ... DUE TO JOB
+    # REQUEUE ***"): the requeue cancels the batch step while the script is still ending (seen once in a rehearsal).
+    lines = [line for line in first_run.rstrip().splitlines() if not line.startswith("slurmstepd")]
     assert LOST.search(lines[-2]) or LOST.search(lines[-1]), lines[-6:]
     # Slurm started it again on nodes that answer, and it ran to the end on the weights of the run never stopped.
     assert victim not in seen["restart_nodes"], seen
