@@ -52,7 +52,7 @@ bench: install
 	$(PY) bench/lr_at_speed.py
 
 # The GPU build (Horovod with NCCL against tensorflow[and-cuda]) made and checked on this machine, with no GPU, in
-# a Debian trixie root with Debian's CUDA 12.4 and NCCL (docs/gpu_build.md). Needs root and mmdebstrap. Without
+# a Debian trixie root with Debian's CUDA 12.4 and NCCL (docs/how-to/gpu-build.md). Needs root and mmdebstrap. Without
 # STACK= on the command line: the newest row (tf2.21), not the default row, whose Python is not trixie's (so the
 # HVD_SCHED_STACK exported above for the default row is taken out of the recipe's environment).
 gpu-build-check:

@@ -20,7 +20,7 @@ from Detectron keys (``from_detectron``).
 
 Usage::
 
-    python bench/large_batch.py           # 10 seeds x 7 rows, ~12 min on 2 shared cores -> docs/large_batch.{json,png}
+    python bench/large_batch.py           # 10 seeds x 7 rows, ~12 min on 2 cores -> docs/bench/large_batch.{json,png}
     python bench/large_batch.py --quick   # 1 seed, 2 epochs (the test); writes only with --out-dir
 
 The last line printed is one JSON object mapping each row to its validation error mean and std (percent).
@@ -290,13 +290,13 @@ def main(argv=None):
 
     if keras_major() == 3:
         # Each of the paper's workers normalises its own 32 samples: Keras 2's BatchNormalization(virtual_batch_size),
-        # which Keras 3 does not have. The figures in docs/large_batch.json are Keras 2's (tf2.15 row).
+        # which Keras 3 does not have. The figures in docs/bench/large_batch.json are Keras 2's (tf2.15 row).
         parser.error("needs Keras 2 (BatchNormalization(virtual_batch_size=...)); run it on the tf2.15 or tf2.21 row")
     settings = dict(SETTINGS)
     if args.quick:
         settings.update(QUICK)
         settings["final_epochs"] = 1
-    out_dir = args.out_dir if args.out_dir is not None else (None if args.quick else str(_common.DOCS))
+    out_dir = args.out_dir if args.out_dir is not None else (None if args.quick else str(_common.RAW_DIR))
     report = run(settings)
     report["command"] = "python bench/large_batch.py" + (" --quick" if args.quick else "")
     print(markdown_table(report))

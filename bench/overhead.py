@@ -52,8 +52,7 @@ operations and bytes per step must be equal in all of them (the script exits 1 o
 Usage::
 
     python bench/overhead.py            # 40 rounds x 100 steps per variant at 1 and 2 ranks; raw figures and the
-                                        # tables -> docs/bench/<date>_overhead_<row>.json/.md (and
-                                        # docs/overhead.json on the tf2.15 row)
+                                        # tables -> docs/bench/<date>_overhead_<row>.json/.md
     python bench/overhead.py --quick    # 2 rounds x 20 steps, about a minute; writes nothing unless --out/--raw-dir
 
 The last line printed is one JSON object ``{"ranks1": {...}, "ranks2": {...}}`` mapping each measured row to its
@@ -387,8 +386,7 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=None, help="timed rounds per variant")
     parser.add_argument("--steps-per-epoch", type=int, default=None,
                         help=f"steps per epoch; a round is {EPOCHS} epochs")
-    _common.add_output_arguments(parser, "overhead", out_help="where to write the JSON report (default: "
-                                 "docs/overhead.json for a full run on the tf2.15 row)")
+    _common.add_output_arguments(parser, "overhead", out_help="also write the JSON report here")
     parser.add_argument("--timeline-dir", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--check-horovod-momentum-correction", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -399,8 +397,6 @@ def main(argv=None):
     if args.worker:
         worker(args)
         return 0
-    if args.out is None and not args.quick and _common.stack_row() == "tf2.15":
-        args.out = str(_common.DOCS / "overhead.json")
     return driver(args)
 
 

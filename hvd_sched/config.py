@@ -289,7 +289,7 @@ def from_detectron(solver, *, steps_per_epoch=None, world_size=None, dialect="de
 
     The world size is always an argument, never looked up. Lower-case keys (`get_config()` dicts) are rejected:
     `Schedule.from_config` is for those. With `dialect='large_scale_vrd'` or `'video_nonlocal'` the YAMLs of
-    those repositories are read unchanged (their keys, defaults and semantics: docs/dialects.md).
+    those repositories are read unchanged (their keys, defaults and semantics: docs/explanation/dialects.md).
 
     Args:
         solver: a mapping of upper-case SOLVER keys, a mapping with a `SOLVER` section (other sections
@@ -299,7 +299,7 @@ def from_detectron(solver, *, steps_per_epoch=None, world_size=None, dialect="de
         world_size: the number of workers (int > 0), required by `REFERENCE_WORLD_SIZE > 0` and
             `WARM_UP_FACTOR: horovod`; otherwise unused. Both rules count `world_size * ITER_SIZE`.
         dialect: `'detectron'` (default), `'large_scale_vrd'` or `'video_nonlocal'`: whose keys, defaults
-            and LR / warmup / correction semantics the config has (`hvd_sched.dialects`, docs/dialects.md).
+            and LR / warmup / correction semantics the config has (`hvd_sched.dialects`, docs/explanation/dialects.md).
             The hvd_sched additions (epoch keys, REFERENCE_WORLD_SIZE, ITER_SIZE, ...) belong to `'detectron'`.
 
     Returns:

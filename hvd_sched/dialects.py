@@ -17,7 +17,7 @@ arguments. `from_detectron(..., dialect=NAME)` reads a YAML of that family uncha
   WARMUP_END_ITER), NESTEROV on by default, SCALE_MOMENTUM False by default and, when on, a correction when
   `abs(new - cur) > abs(1e-7 * new)`.
 
-The full spec, with file and line references, is `docs/dialects.md`. Keys a repository accepts but whose
+The full spec, with file and line references, is `docs/explanation/dialects.md`. Keys a repository accepts but whose
 value its training never reads are accepted and listed in `NO_EFFECT` (the reason is given there).
 """
 

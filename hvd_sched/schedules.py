@@ -101,7 +101,8 @@ class Schedule:
         weight_decay_gn: WEIGHT_DECAY_GN >= 0, the weight decay of norm-layer scales, carried for the optimizer
             (`hvd_sched.keras.build_optimizer`).
         dialect: whose semantics the LR, warmup and correction follow: `'detectron'`, `'large_scale_vrd'` or
-            `'video_nonlocal'` (`from_detectron(..., dialect=...)` sets it and the keys below; docs/dialects.md).
+            `'video_nonlocal'` (`from_detectron(..., dialect=...)` sets it and the keys below;
+            docs/explanation/dialects.md).
         warm_up_lr: WARM_UP_LR > 0 (Large-Scale-VRD): the absolute LR while warming up.
         gradual_increase_lr: GRADUAL_INCREASE_LR (Large-Scale-VRD, bool): the ramp after the warmup.
         gradual_lr_step: GRADUAL_LR_STEP > 0 (Large-Scale-VRD): the ramp's step.
@@ -186,7 +187,7 @@ class Schedule:
         self._check_policy_keys()
 
     def _check_dialect(self):
-        """The policies and warmups each dialect's own code can run (see docs/dialects.md)."""
+        """The policies and warmups each dialect's own code can run (see docs/explanation/dialects.md)."""
         if self._dialect == "large_scale_vrd" and self._lr_policy != "variable_stepsize":
             raise ValueError(f"LR_POLICY must be 'variable_stepsize' for dialect 'large_scale_vrd' (its training "
                              f"loop always uses add_variable_stepsize_lr), got {self._lr_policy!r}")

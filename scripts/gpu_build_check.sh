@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU build, made and checked on a machine with no GPU and no driver (issue 26; docs/gpu_build.md):
+# The GPU build, made and checked on a machine with no GPU and no driver (issue 26; docs/how-to/gpu-build.md):
 #
 #   bash scripts/gpu_build_check.sh [STACK]        (make gpu-build-check STACK=tf2.21; default: the newest row)
 #

@@ -9,7 +9,7 @@
 #
 # Steps, each of which stops the script with its log on failure (set -euo pipefail):
 #   1. install the GPU row: HVD_SCHED_GPU=1 scripts/install.sh (tensorflow[and-cuda], Horovod with NCCL; it needs
-#      a CUDA toolkit with NCCL headers: a CUDA devel image, or Debian trixie's packages, see docs/gpu_build.md);
+#      a CUDA toolkit with NCCL headers: a CUDA devel image, or Debian trixie's packages, see docs/how-to/gpu-build.md);
 #   2. `horovodrun --check-build` must list TensorFlow, Gloo and NCCL; hvd.nccl_built() and hvd.cuda_built();
 #   3. TensorFlow must see every GPU that nvidia-smi lists;
 #   4. the GPU-default tests on the GPU (tests/keras/test_gpu_defaults.py, tests/multirank/

@@ -27,7 +27,7 @@ find_cuda_toolkit() {
   if [ -z "$cuda_home" ]; then
     cuda_error="no CUDA $major toolkit (nvcc) found in HVD_SCHED_CUDA_HOME, CUDA_HOME, /usr/local/cuda or /usr"
     cuda_error+="${skipped:+; skipped:$skipped}. Use a CUDA $major devel image, or Debian trixie's"
-    cuda_error+=" nvidia-cuda-toolkit + nvidia-cuda-dev (non-free) and libnccl-dev (contrib); see docs/gpu_build.md"
+    cuda_error+=" nvidia-cuda-toolkit + nvidia-cuda-dev (non-free) and libnccl-dev (contrib); see docs/how-to/gpu-build.md"
     return 1
   fi
 

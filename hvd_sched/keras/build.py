@@ -99,7 +99,7 @@ def _solver_schedule(solver, world_size, steps_per_epoch, dialect):
 
 
 def _dialect_rules(schedule, model, groups, bias_lr_factor, bias_weight_decay, norm_weight_decay):
-    """`[(variables, decay, lr factor)]` in first-match order, by the schedule's dialect (docs/dialects.md):
+    """`[(variables, decay, lr factor)]` in first-match order, by the schedule's dialect (docs/explanation/dialects.md):
 
     - detectron: biases and norm shifts (Caffe2 BIAS tags) no decay, x 2; norm scales WEIGHT_DECAY_GN;
     - large_scale_vrd: the same bias rule (its optimizer is Detectron's pre-GN one); norm scales WEIGHT_DECAY
@@ -142,8 +142,8 @@ def build_optimizer(solver, model, *, world_size=None, steps_per_epoch=None, dia
       WEIGHT_DECAY_GN (0 by default, as Goyal et al. do for BN);
     - every other trainable variable: WEIGHT_DECAY, x 1.
 
-    For the other dialects the defaults follow their repositories (docs/dialects.md): Large-Scale-VRD has the
-    same bias rule and decays everything else, norm scales included, with WEIGHT_DECAY; video-nonlocal-net has no
+    For the other dialects the defaults follow their repositories (docs/explanation/dialects.md): Large-Scale-VRD
+    has the same bias rule and decays everything else, norm scales included, with WEIGHT_DECAY; video-nonlocal-net has no
     bias rule (biases WEIGHT_DECAY, x 1) and gives BatchNormalization parameters WEIGHT_DECAY_BN, the rest
     WEIGHT_DECAY. NESTEROV comes from the config (video-nonlocal-net; Large-Scale-VRD's update is
     never Nesterov, whatever its NESTEROV says).

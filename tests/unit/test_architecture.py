@@ -6,7 +6,7 @@ Every module under ``hvd_sched/`` (``hvd_sched/keras/`` included) is checked on 
 - no import of another module's private name (``from .x import _name``, or ``x._name`` where an import bound
   ``x`` to a package module); importing a private *module* (``from . import _validation``) is fine, and names
   taken from a module must be public names of it (its ``__all__`` where it has a literal one);
-- imports point down the layer table ``LAYERS`` only (docs/architecture.md describes the floors).
+- imports point down the layer table ``LAYERS`` only (docs/explanation/architecture.md describes the floors).
 """
 
 import ast
@@ -16,8 +16,8 @@ import pytest
 
 PACKAGE_DIR = pathlib.Path(__file__).resolve().parents[2] / "hvd_sched"
 
-# The floors, bottom first (docs/architecture.md). A module may import modules of its own floor or below, never
-# above: _validation -> policies, momentum -> segments -> schedules -> dialects (data) -> config -> the package's
+# The floors, bottom first (docs/explanation/architecture.md). A module may import modules of its own floor or below,
+# never above: _validation -> policies, momentum -> segments -> schedules -> dialects (data) -> config -> the package's
 # front door (hvd_sched/__init__.py re-exports config and below) -> the Keras glue -> plot and the command line.
 # A name ending in ".*" covers a subpackage and everything under it.
 LAYERS = (

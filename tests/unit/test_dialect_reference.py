@@ -1,6 +1,6 @@
 """Self-test of ``tests/dialect_reference.py`` on the dialect fixtures, against values worked out by hand.
 
-The expected numbers come from reading each repository's code (see ``docs/dialects.md``), not from the
+The expected numbers come from reading each repository's code (see ``docs/explanation/dialects.md``), not from the
 reference itself. ``it`` is the 0-based iteration (the repositories' ``curr_iter``).
 """
 
