@@ -129,7 +129,10 @@ def test_elastic_goes_on_without_a_dead_host_under_the_lr_rule_and_its_checkpoin
     solver = survivor["solver"]
     assert solver["BASE_LR"] == 0.1  # the linear scaling rule: 0.05 per rank, for the 2 ranks it started with
     x, y = rankutil.make_regression(n=2 * BATCH, seed=3)
-    both, alone = (x, y), (x[:BATCH], y[:BATCH])  # the 2 ranks' rows (their averaged gradient), the survivor's
+    # The 2 ranks' rows (their averaged gradient), then the survivor's: those of the rank it started as (Horovod
+    # numbers the hosts of an elastic job in an order of its own: the first host's rank was 1 in one run of two).
+    mine = slice(survivor["start_rank"] * BATCH, (survivor["start_rank"] + 1) * BATCH)
+    both, alone = (x, y), (x[mine], y[mine])
     initial = _weights(out / "initial.npz")
 
     def reference(scale_lr=True, rescale_slots=True):
