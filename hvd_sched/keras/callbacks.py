@@ -220,8 +220,9 @@ def horovod_callbacks(schedule_callback=None, *, root_rank=0, average_metrics=Tr
     2. `DistributedCheck`: on more than one rank, fail before the first step if the compiled optimizer does
        not average gradients (or, on Keras 3, could not: Horovod's own Keras wrapper, a LossScaleOptimizer
        around the distributed one, an XLA-compiled train step);
-    3. the initial broadcast of rank `root_rank`'s weights and optimizer state: on Keras 2 Horovod's
-       `BroadcastGlobalVariablesCallback` (at the end of the first batch, once the slots exist), on Keras 3
+    3. the initial broadcast of rank `root_rank`'s weights and optimizer state, before the first step: on Keras 2
+       Horovod's `BroadcastGlobalVariablesCallback`, run at train begin once the optimizer's slots are made (a
+       model not built by then is broadcast by Horovod at the end of the first batch), on Keras 3
        `BroadcastVariables` (at train begin: Keras 3 builds the slots before);
     4. epoch metrics averaged over ranks, before anything logs them (Horovod's `MetricAverageCallback` on
        Keras 2, `AverageMetrics` on Keras 3);

@@ -460,6 +460,10 @@ class TrainingCheckpoint(_backend.keras.callbacks.Callback):
         self._first_epoch = True
         self._next_agreement = self._last_agreement = None
         self._requests.install()
+        if self._requests.signals:
+            # Every rank: the agreement's first allgather sets itself up here, not inside the first batch, where
+            # Keras times the batch hooks (and would warn that on_train_batch_end is slow).
+            _stop.agree(0, 1)
         if self.period is not None:
             self._last_period = iteration_count(optimizer) // self.period
         self._watch(iteration_count(optimizer))

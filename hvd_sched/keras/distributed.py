@@ -2,8 +2,8 @@
 
 - Keras 2 (`tf.keras` 2.15, tf-keras): `DistributedOptimizer` is Horovod's own
   `horovod.tensorflow.keras.DistributedOptimizer` (it allreduces in `_compute_gradients`, which Keras 2's
-  `train_step` calls), and the callbacks are Horovod's `BroadcastGlobalVariablesCallback` and
-  `MetricAverageCallback`.
+  `train_step` calls), and the callbacks are Horovod's `BroadcastGlobalVariablesCallback` (its broadcast run at
+  train begin, the slots made first, where the model is built) and `MetricAverageCallback`.
 - Keras 3: Horovod 0.28.1's Keras layer trains the ranks apart without an error (Keras 3's `train_step` never calls
   the hooks it overrides: horovod #4290), so `DistributedOptimizer` is a subclass of the optimizer's class whose
   `apply` first averages the gradients with `horovod.tensorflow.grouped_allreduce` (one call per dtype; sparse
@@ -319,7 +319,37 @@ def distributed_callbacks(root_rank=0, average_metrics=True, local_variables=Non
     else:
         import horovod.tensorflow.keras as hvd
 
-        callbacks.append(hvd.callbacks.BroadcastGlobalVariablesCallback(root_rank, local_variables=local_variables))
+        callbacks.append(_keras2_broadcast(root_rank, local_variables))
         if average_metrics:
             callbacks.append(hvd.callbacks.MetricAverageCallback())
     return callbacks
+
+
+def _keras2_broadcast(root_rank, local_variables):
+    """Horovod's `BroadcastGlobalVariablesCallback` (Keras 2), broadcasting at train begin where it can.
+
+    Horovod's callback broadcasts at the end of the first batch, once the optimizer has made its slots: the first
+    step then runs on each rank's own initial weights (their averaged gradient is not the one of rank 0's weights),
+    and the broadcast's ~0.25 s lands in Keras' batch timing, which then warns that `on_train_batch_end` is slow.
+    Where the model is built, this one makes the slots first (as the first step would, `_backend.build_slots`)
+    and runs Horovod's own broadcast in `on_train_begin`, so the first step starts from the root's weights and
+    slots, as Detectron's broadcast from device 0 does; a model not built yet keeps Horovod's first-batch broadcast.
+    """
+    global _BroadcastAtTrainBegin
+    if _BroadcastAtTrainBegin is None:
+        import horovod.tensorflow.keras as hvd
+
+        class BroadcastGlobalVariablesCallback(hvd.callbacks.BroadcastGlobalVariablesCallback):
+            __doc__ = hvd.callbacks.BroadcastGlobalVariablesCallback.__doc__
+
+            def on_train_begin(self, logs=None):
+                if self.broadcast_done or not self.model.built or self.model.optimizer is None:
+                    return
+                _backend.build_slots(self.model.optimizer, self.model.trainable_variables)
+                self.on_batch_end(0)  # Horovod's broadcast itself: the model's variables and the optimizer's
+
+        _BroadcastAtTrainBegin = BroadcastGlobalVariablesCallback
+    return _BroadcastAtTrainBegin(root_rank, local_variables=local_variables)
+
+
+_BroadcastAtTrainBegin = None

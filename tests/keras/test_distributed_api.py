@@ -87,3 +87,37 @@ def test_adasum_is_checked_when_the_optimizer_is_wrapped(horovod):
     else:
         with pytest.raises(ValueError, match=r"op=hvd.Adasum needs a Horovod built with MPI"):
             DistributedOptimizer(tf.keras.optimizers.SGD(0.1), op=horovod.Adasum)
+
+
+@pytest.mark.skipif(KERAS_MAJOR != 2, reason="Keras 3: BroadcastVariables runs at train begin (its own tests)")
+@pytest.mark.parametrize("built", [True, False])
+def test_keras2_the_initial_broadcast_runs_before_the_first_batch_where_the_model_is_built(built, tmp_path):
+    """Horovod's Keras 2 callback broadcasts at the end of the first batch (once the slots exist): the first step
+    runs on each rank's own weights, and the broadcast lands in Keras' batch timing ("on_train_batch_end is slow").
+    horovod_callbacks makes the slots and broadcasts at train begin; a model not built by then keeps Horovod's
+    first-batch broadcast. The stop agreement's first allgather is made at train begin too."""
+    import horovod.tensorflow.keras as hvd
+
+    tf.keras.utils.set_random_seed(0)
+    layers = [tf.keras.layers.Dense(2)]
+    model = tf.keras.Sequential(([tf.keras.Input((3,))] if built else []) + layers)
+    model.compile(DistributedOptimizer(ScheduledOptimizer(tf.keras.optimizers.SGD(momentum=0.9),
+                                                          hvd_sched.from_detectron(SOLVER))), "mse")
+    callbacks = hvd_sched.keras.horovod_callbacks(checkpoint=hvd_sched.keras.TrainingCheckpoint(tmp_path))
+    broadcast = [cb for cb in callbacks if isinstance(cb, hvd.callbacks.BroadcastGlobalVariablesCallback)]
+    assert len(broadcast) == 1
+    seen = []
+
+    class Probe(tf.keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            variables = self.model.optimizer.variables
+            seen.append((batch, broadcast[0].broadcast_done, len(variables() if callable(variables) else variables)))
+
+    rng = np.random.default_rng(0)
+    model.fit(rng.normal(size=(8, 3)).astype("float32"), rng.normal(size=(8, 2)).astype("float32"), batch_size=4,
+              epochs=1, verbose=0, callbacks=callbacks + [Probe()])
+    assert [batch for batch, _, _ in seen] == [0, 1]
+    assert seen[0][1] is built and seen[1][1] is True
+    # Built: the iteration count and a momentum slot per variable (kernel, bias) exist before the first step.
+    assert seen[0][2] == (3 if built else 1) and seen[1][2] == 3
+    assert int(model.optimizer.iterations.numpy()) == 2

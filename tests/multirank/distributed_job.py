@@ -2,7 +2,8 @@
 
 Usage: distributed_job.py MODE [ranks|single], MODE one of
   rules     ScheduledOptimizer(SGD, lr_multipliers={"bias": 2.0}, weight_decays={"bias": 0.0, "": 1e-2}) with
-            horovod_callbacks(): weights, History's learning_rate, the allreduced loss;
+            horovod_callbacks(), each rank from initial weights of its own: weights, History's learning_rate, the
+            allreduced loss;
   sparse    an Embedding model (sparse gradients, allgathered by Horovod) with a ScheduledOptimizer;
   overflow  mixed_float16: only rank 1's half of batch 3 overflows the float16 gradients; both ranks must skip it;
   xla       model.compile(jit_compile=True): the job must stop on every rank with the clear error, not hang.
@@ -57,7 +58,9 @@ def model():
         tf.keras.utils.set_random_seed(1)
         return tf.keras.Sequential([tf.keras.Input((4,), dtype="int32"), tf.keras.layers.Embedding(20, 3),
                                     tf.keras.layers.Flatten(), tf.keras.layers.Dense(3)])
-    m = rankutil.make_mlp(seed=1)
+    # rules: each rank starts from weights of its own; the initial broadcast must give every rank rank 0's
+    # before the first step (the single process and the reference start from rank 0's).
+    m = rankutil.make_mlp(seed=1 + (rank if mode == "rules" else 0))
     if mode == "overflow":
         # Keras' mixed precision guide: the output in float32, so the loss is computed (and reported) in float32
         # on both Keras versions and only the float16 gradients overflow; a float16 loss of 1e4**2 would itself be
