@@ -88,10 +88,11 @@ demo_config="$root/examples/configs/digits_warmup_steps.yaml"
 outside="$work/outside"
 mkdir -p "$outside"
 
-# 2. Fresh venvs with no TensorFlow.
-for version in $PYTHONS; do
+# 2. Fresh venvs with no TensorFlow, one per Python, side by side (each is one process at a time: its pip, then its
+#    pytest; three of them on 2 cores take about half the time of one after another).
+check_python() {
+  local version="$1" py venv="$work/py$1" start
   py="$(find_python "$version")" || die "Python $version not found (python$version on PATH or pyenv)"
-  venv="$work/py$version"
   start=$(date +%s)
   "$py" -m venv "$venv"
   pipq "$venv/bin/python" install "$wheel" || die "pip install of the wheel failed on Python $version"
@@ -100,18 +101,30 @@ for version in $PYTHONS; do
   pipq "$venv/bin/python" install pytest pytest-timeout hypothesis matplotlib \
     || die "pip install of the test tools failed"
   ! "$venv/bin/python" -c "import tensorflow" 2>/dev/null || die "Python $version: TensorFlow was installed"
-  (cd "$outside"
-   "$venv/bin/hvd-sched" show "$demo_config" --world-size 2 --steps-per-epoch 22 > "$work/show-$version.txt" \
-     || die "Python $version: hvd-sched show failed"
-   "$venv/bin/hvd-sched" check "$demo_config" > /dev/null || die "Python $version: hvd-sched check failed"
-   "$venv/bin/python" -c "import hvd_sched, sys; assert hvd_sched.__file__.startswith(sys.prefix), hvd_sched.__file__" \
-     || die "Python $version: hvd_sched was not imported from the installed wheel"
-   "$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/tests/unit" "$root/tests/test_cli.py" \
-     > "$work/pytest-$version.txt" 2>&1 \
-     || { tail -n 40 "$work/pytest-$version.txt" >&2; die "Python $version: the pure tests failed"; }
-  ) || exit 1
+  cd "$outside"
+  "$venv/bin/hvd-sched" show "$demo_config" --world-size 2 --steps-per-epoch 22 > "$work/show-$version.txt" \
+    || die "Python $version: hvd-sched show failed"
+  "$venv/bin/hvd-sched" check "$demo_config" > /dev/null || die "Python $version: hvd-sched check failed"
+  "$venv/bin/python" -c "import hvd_sched, sys; assert hvd_sched.__file__.startswith(sys.prefix), hvd_sched.__file__" \
+    || die "Python $version: hvd_sched was not imported from the installed wheel"
+  "$venv/bin/python" -m pytest -q -p no:cacheprovider "$root/tests/unit" "$root/tests/test_cli.py" \
+    > "$work/pytest-$version.txt" 2>&1 \
+    || { tail -n 40 "$work/pytest-$version.txt" >&2; die "Python $version: the pure tests failed"; }
   step "Python $version: wheel installed, hvd-sched show/check, $(tail -n 1 "$work/pytest-$version.txt") ($(( $(date +%s) - start )) s)"
+}
+pids=()
+for version in $PYTHONS; do
+  (check_python "$version") > "$work/python-$version.log" 2>&1 &
+  pids+=("$!")
 done
+failed_pythons=()
+i=0
+for version in $PYTHONS; do
+  wait "${pids[$i]}" || failed_pythons+=("$version")
+  cat "$work/python-$version.log"
+  i=$((i + 1))
+done
+[ "${#failed_pythons[@]}" = 0 ] || die "Python ${failed_pythons[*]}: the checks above failed"
 cmp -s "$work/show-${PYTHONS%% *}.txt" "$work/show-${PYTHONS##* }.txt" \
   || die "hvd-sched show prints different schedules on Python ${PYTHONS%% *} and ${PYTHONS##* }"
 
@@ -126,7 +139,8 @@ check_row() {
   pipq "$py" freeze --exclude-editable | grep -iv '^hvd.sched' | sort > "$work/freeze-before-$row.txt"
   pipq "$py" uninstall -y hvd_sched
   # Whatever happens next, the row's venv gets its editable install back (make test runs from it).
-  trap 'pipq "$py" install --no-deps -e "$root" > /dev/null 2>&1 || echo "package_check.sh: WARNING: could not restore the editable install in $venv" >&2' EXIT
+  # (Expanded now: the trap runs after this function has returned, when its locals are gone.)
+  trap "pipq '$py' install --no-deps -e '$root' > /dev/null 2>&1 || echo 'package_check.sh: WARNING: could not restore the editable install in $venv' >&2" EXIT
   pipq "$py" install "$wheel" || die "row $row: pip install of the wheel failed"
   pipq "$py" freeze | grep -iv '^hvd.sched' | sort > "$work/freeze-after-$row.txt"
   diff "$work/freeze-before-$row.txt" "$work/freeze-after-$row.txt" >&2 \

@@ -37,7 +37,22 @@ if [ "$workers" -gt 1 ]; then
   export TF_NUM_INTRAOP_THREADS="${TF_NUM_INTRAOP_THREADS:-1}" TF_NUM_INTEROP_THREADS="${TF_NUM_INTEROP_THREADS:-1}"
 fi
 (phase in-process "not multirank" "${parallel[@]}" "$@"; exit $status) || status=1
-(unset TF_NUM_INTRAOP_THREADS TF_NUM_INTEROP_THREADS; phase multi-rank "multirank" "$@"; exit $status) || status=1
+(unset TF_NUM_INTRAOP_THREADS TF_NUM_INTEROP_THREADS; export HVD_SCHED_CPU_LOG="$work/multirank-cpu.jsonl"
+ phase multi-rank "multirank" "$@"; exit $status) || status=1
+# How busy the cores were in the serial multi-rank phase (tests/conftest.py logs each test): what running two of its
+# tests side by side could gain.
+[ ! -s "$work/multirank-cpu.jsonl" ] || "$py" - "$work/multirank-cpu.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+rows = [r for r in rows if r["busy"] is not None]
+wall = sum(r["seconds"] for r in rows)
+if wall:
+    busy = sum(r["seconds"] * r["busy"] for r in rows) / wall
+    print(f"test.sh: multi-rank phase: {len(rows)} tests, {wall:.0f} s, the cores {100 * busy:.0f}% busy on average; "
+          "the 10 with the most idle core time (s idle of s, % busy):")
+    for r in sorted(rows, key=lambda r: -r["seconds"] * (1 - r["busy"]))[:10]:
+        print(f"test.sh:   {r['seconds'] * (1 - r['busy']):6.1f} of {r['seconds']:6.1f} s ({100 * r['busy']:3.0f}%) {r['test']}")
+PY
 "$py" - "$work" "${HVD_SCHED_TEST_COUNTS:-}" <<'PY'
 import pathlib, sys, xml.etree.ElementTree as ET
 counts = dict(tests=0, failures=0, errors=0, skipped=0)

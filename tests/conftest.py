@@ -8,10 +8,12 @@
 `run_ranks` launches a Python script on N real Horovod ranks (Gloo) and returns their results.
 """
 
+import json
 import os
 import pathlib
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -47,6 +49,33 @@ def pytest_collection_modifyitems(config, items):
 
 _ROWS = pytest.StashKey()
 _LEFT = pytest.StashKey()
+
+
+# --- where CI's time goes: how busy the machine's cores were during each test ----------------------------------------
+
+def _cpu_jiffies():
+    """(busy, all) jiffies of every core together since boot (/proc/stat's first line), or None."""
+    try:
+        fields = [int(value) for value in pathlib.Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields[:8]) - idle, sum(fields[:8])
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With HVD_SCHED_CPU_LOG set (scripts/test.sh's multi-rank phase): one line per test (setup, call and
+    teardown) with its seconds and the share of the machine's cores it kept busy, for the phase's summary."""
+    log = os.environ.get("HVD_SCHED_CPU_LOG")
+    before, started = (_cpu_jiffies(), time.monotonic()) if log else (None, None)
+    yield
+    after = _cpu_jiffies() if before else None
+    if after:
+        busy, total = after[0] - before[0], after[1] - before[1]
+        with open(log, "a") as out:
+            out.write(json.dumps({"test": item.nodeid, "seconds": round(time.monotonic() - started, 2),
+                                  "busy": round(busy / total, 3) if total else None}) + "\n")
 
 
 def pytest_report_collectionfinish(config):
