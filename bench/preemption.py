@@ -141,8 +141,10 @@ def _build(name, keras, schedule, directory):
 
 
 def _count_agreements(built, dataset, keras, steps_per_epoch, barrier):
-    """One untimed fit per variant with ``_stop.agree`` counted: ``{variant: {"calls", "at_batch_end",
-    "at_epoch_end", "proposals"}}`` (proposals: the iterations to the next agreement, rank 0's)."""
+    """One untimed fit per variant with ``_stop.agree`` counted: ``{variant: {"calls", "at_train_begin",
+    "at_batch_end", "at_epoch_end", "proposals"}}`` (proposals: the iterations to the next agreement, rank 0's;
+    where signals are handled, one agreement at train begin sets the allgather up outside Keras' batch timing, and
+    one at each epoch end)."""
     from hvd_sched.keras import _stop
 
     original = _stop.agree
@@ -161,9 +163,10 @@ def _count_agreements(built, dataset, keras, steps_per_epoch, barrier):
         finally:
             _stop.agree = original
         signals = VARIANTS[name] is not None and VARIANTS[name].get("stop_signals", True) != ()
-        epoch_ends = EPOCHS if signals else 0
-        counts[name] = {"calls": len(proposals), "at_epoch_end": epoch_ends, "at_batch_end": len(proposals) -
-                        epoch_ends, "proposals": sorted(set(proposals))}
+        epoch_ends, train_begin = (EPOCHS, 1) if signals else (0, 0)
+        counts[name] = {"calls": len(proposals), "at_train_begin": train_begin, "at_epoch_end": epoch_ends,
+                        "at_batch_end": len(proposals) - epoch_ends - train_begin,
+                        "proposals": sorted(set(proposals))}
     return counts
 
 
@@ -470,10 +473,11 @@ def _lines(report, setting, quick):
         for clock, tables in (("wall time", report), ("process CPU time", report["cpu"])):
             lines += _common.comparison_table(f"{title}, {clock}: {setting['rounds']} rounds x {steps} steps per "
                                               "variant", tables[key])
-    lines.append(f"Agreements per fit of {steps} steps (`_stop.agree` calls: at batch ends + at epoch ends; the "
-                 "intervals rank 0 proposed):")
+    lines.append(f"Agreements per fit of {steps} steps (`_stop.agree` calls: at train begin + at batch ends + at "
+                 "epoch ends; the intervals rank 0 proposed):")
     for key in ("ranks1", "ranks2"):
-        lines += [f"- {key}, {name}: {row['at_batch_end']} + {row['at_epoch_end']}, proposals {row['proposals']}"
+        lines += [f"- {key}, {name}: {row['at_train_begin']} + {row['at_batch_end']} + {row['at_epoch_end']}, "
+                  f"proposals {row['proposals']}"
                   for name, row in report["agreements"][key].items() if VARIANTS[name] is not None]
     saves = report["saves"]
     lines += ["", f"**Save time** (`write_checkpoint`, a fresh folder each time; {saves['filesystem']})", "",

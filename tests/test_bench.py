@@ -250,10 +250,11 @@ def test_preemption_quick_reports_step_cost_save_and_stop_times(tmp_path):
             assert row["reference"] == "baseline" and row["verdict"] == "no target" and "target" not in row
         assert len(report["seconds_per_step"][ranks]["checkpoint_default"]) == report["settings"]["rounds"] == 2
         # Agreements per fit: none without signals; one per iteration at agree_every=1e-9; a few by default;
-        # one at each of the 2 epoch ends wherever signals are handled.
+        # one at train begin and one at each of the 2 epoch ends wherever signals are handled.
         agreements = report["agreements"][ranks]
         assert agreements["checkpoint_no_signals"]["calls"] == 0 and "baseline" in agreements
         assert agreements["checkpoint_agree_every_step"]["at_batch_end"] == steps
+        assert agreements["checkpoint_agree_every_step"]["calls"] == 1 + steps + 2
         assert 1 <= agreements["checkpoint_default"]["at_batch_end"] <= steps
         assert agreements["checkpoint_default"]["at_epoch_end"] == 2
         checks = report["checks"][ranks]
