@@ -72,9 +72,13 @@ def test_mpirun_around_a_horovod_that_does_not_join_stops_every_process(mpi, tmp
     proc = run_command(mpirun_cmd(2, SCRIPT, _demo_args(tmp_path / "out")), tmp_path, gloo_only, timeout=180)
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0
-    stopped = GUARD.findall(output)
-    assert sorted(stopped) == [("Open MPI's mpirun", "OMPI_COMM_WORLD_SIZE", "0"),
-                               ("Open MPI's mpirun", "OMPI_COMM_WORLD_SIZE", "1")], output[-6000:]
+    stopped = sorted(GUARD.findall(output))
+    both = [("Open MPI's mpirun", "OMPI_COMM_WORLD_SIZE", "0"), ("Open MPI's mpirun", "OMPI_COMM_WORLD_SIZE", "1")]
+    # Each process stops at the guard; but once the first has exited 1, mpirun kills the other, which on a loaded
+    # machine may still be importing TensorFlow and never reach it (seen in a rehearsal, and reproduced with three
+    # busy loops beside the test: 1 run in 3).
+    ended_by_mpirun = "prterun detected that one or more processes exited with non-zero status" in output
+    assert stopped == both or (len(stopped) == 1 and stopped[0] in both and ended_by_mpirun), output[-6000:]
     assert "Fix: build Horovod with MPI, against the MPI of this launcher" in output
     assert "final val accuracy" not in output and "hvd_sched example:" not in output
     assert not (tmp_path / "out" / "ckpt").exists()
